@@ -1,0 +1,116 @@
+"""What the pipeline stages hand each other: options, the loaded model, inputs, the capture.
+
+load (inspector.loading) -> LoadedModel
+inputs (inspector.inputspec) -> InputFactory -> Inputs
+capture (inspector.capture) -> CaptureResult
+passes (inspector.passes) read a Context and fill `ctx.report`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from inspector.report import CaptureAttempt, Report
+
+__all__ = ["Options", "Inputs", "InputFactory", "LoadedModel", "CaptureResult", "Context"]
+
+OPTIMIZERS = ("none", "sgd", "momentum", "adam", "adamw")
+DTYPES = ("float32", "bf16", "fp16")
+
+
+@dataclass
+class Options:
+    device: str = "cpu"  # resolved: "cpu" or "cuda" ("auto" is resolved by the caller)
+    fake: bool = False  # fake tensors: no weights or activations allocated
+    optimizer: str = "adamw"
+    dtype: str = "float32"  # activation dtype under autocast: float32, bf16, fp16
+    budgets_bytes: list[int] = field(default_factory=list)  # besides the accelerator sizes
+    depth: int | None = None  # display only
+    seed: int = 0
+    passes: set[str] | None = None  # None: every pass
+    measure: bool = True  # measure real memory when not fake (costs one real step)
+
+    def wants(self, name: str) -> bool:
+        return self.passes is None or name in self.passes
+
+
+@dataclass
+class Inputs:
+    """Positional and keyword inputs for `model(*args, **kwargs)`."""
+
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    dims: dict[str, int] = field(default_factory=dict)  # values of the named dims used
+
+    def call(self, model: Callable[..., Any]) -> Any:
+        return model(*self.args, **self.kwargs)
+
+    def tensors(self) -> list[torch.Tensor]:
+        flat, _ = torch.utils._pytree.tree_flatten((self.args, self.kwargs))
+        return [t for t in flat if isinstance(t, torch.Tensor)]
+
+
+class InputFactory:
+    """Builds inputs for given values of the named dims, real or under a fake mode.
+
+    Shape propagation rebuilds inputs with perturbed dims to learn which output dims
+    are symbolic; memory analysis rebuilds them at several batch sizes.
+    """
+
+    def __init__(self, dims: dict[str, int] | None = None, spec: object = None) -> None:
+        self.dims = dict(dims or {})  # the default values
+        self.spec = spec  # the raw spec (JSON-able), for the report
+
+    def build(self, dims: dict[str, int] | None = None, device: str = "cpu") -> Inputs:
+        """Inputs at `dims` (defaults for the ones not given). Under an active
+        FakeTensorMode the tensors are created fake."""
+        raise NotImplementedError
+
+    @property
+    def batch_dim(self) -> str | None:
+        """The named dim that is the batch ("B" by convention, else the first dim of the
+        first tensor when it is named), or None."""
+        return None
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    source_kind: str  # python, pt2, torchscript, preset, hf-config
+    source_name: str
+    sha256: str | None = None
+    entrypoint: str | None = None
+    inputs: InputFactory | None = None  # from example_inputs(), the archive, or a preset
+    loss_fn: Callable[[Any, Inputs], torch.Tensor] | None = None  # loss_fn(output, inputs)
+    user_files: list[str] = field(default_factory=list)  # files whose frames are "the user's"
+    exported: Any = None  # torch.export.ExportedProgram when the source was a .pt2
+    fake_mode: Any = None  # FakeTensorMode the model was built under, when fake
+
+
+@dataclass
+class CaptureResult:
+    method: str | None  # fx, export, hooks
+    attempts: list[CaptureAttempt]
+    graph_module: torch.fx.GraphModule | None = None  # fx or export graph
+    exported: Any = None  # ExportedProgram when method == "export"
+
+
+@dataclass
+class Context:
+    loaded: LoadedModel
+    factory: InputFactory
+    inputs: Inputs
+    options: Options
+    report: Report
+    capture: CaptureResult | None = None
+    fake_mode: Any = None  # the FakeTensorMode every fake run uses, when options.fake
+    scratch: dict[str, Any] = field(default_factory=dict)  # passes share results here
+
+    @property
+    def model(self) -> nn.Module:
+        return self.loaded.model

@@ -1,0 +1,16 @@
+"""The analyses, in order. A pass is `run(ctx: Context) -> None` that fills its sections
+of `ctx.report` (and may annotate `ctx.report.nodes` / `modules`). A new analysis is a
+new module plus one line here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from inspector.context import Context
+from inspector.passes import graph
+
+Pass = Callable[[Context], None]
+
+PASSES: list[tuple[str, Pass]] = [
+    ("graph", graph.run),  # shapes, parameters, FLOPs -> nodes, modules, totals
+]

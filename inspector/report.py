@@ -1,0 +1,305 @@
+"""The report: the contract between the library, the database, the API, the pages and CI.
+
+Every section is always present; a section a pass did not fill keeps its defaults
+(`None` for numbers that were not computed). Key names listed as stable in DESIGN.md
+keep their names and meanings; new keys may be added, never removed.
+Numbers carry their unit in the name (`_bytes`, `_s`, `flops`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+# A dimension is a concrete size or a symbolic expression over the user's named dims,
+# e.g. "B", "2*S", "B*S".
+Dim = int | str
+Shape = list[Dim]
+Severity = Literal["error", "warning", "info"]
+
+
+class _Model(BaseModel):
+    # Old reports may carry keys a newer version dropped from display; keep them readable.
+    model_config = ConfigDict(extra="allow")
+
+
+class TensorInfo(_Model):
+    """One tensor flowing along an edge: a node's input or output."""
+
+    shape: list[int]
+    sym_shape: Shape | None = None  # same rank as `shape`, with named dims where known
+    dtype: str
+    device: str = "cpu"
+    bytes: int = 0  # numel * itemsize
+
+
+class NumericStats(_Model):
+    """Value statistics of a node's (first floating) output."""
+
+    min: float | None = None
+    max: float | None = None
+    mean: float | None = None
+    std: float | None = None
+    zero_fraction: float | None = None
+    nan_count: int = 0
+    inf_count: int = 0
+    dead_fraction: float | None = None  # ReLU-like: share of features zero for the whole batch
+    saturated_fraction: float | None = None  # sigmoid/tanh: share within 1e-3 of the bounds
+    fp16_overflow_count: int = 0  # |x| > 65504
+
+
+class Node(_Model):
+    """One node of the captured graph (fx, export) or one module call (hooks)."""
+
+    id: int
+    name: str
+    op: str  # placeholder, call_module, call_function, call_method, get_attr, output, module
+    target: str
+    module_path: str | None = None  # owning module, "" for the root
+    module_type: str | None = None
+    inputs: list[int] = Field(default_factory=list)  # ids of input nodes
+    input_tensors: list[TensorInfo] = Field(default_factory=list)
+    output_tensors: list[TensorInfo] = Field(default_factory=list)  # flattened outputs
+    location: str | None = None  # "file.py:LINE" in the user's code, where known
+    params: int = 0  # parameters read by this node (call_module: the module's own)
+    flops: int = 0  # forward FLOPs, a multiply-add = 2
+    output_bytes: int = 0
+    saved_bytes: int | None = None  # bytes this node's outputs keep alive for backward
+    live_bytes_after: int | None = None  # live activation bytes after this node runs
+    stats: NumericStats | None = None
+    grad_norm: float | None = None  # norm of the gradient w.r.t. this node's output
+    mode_divergence: float | None = None  # max |train - eval| of this node's output
+
+
+class Module(_Model):
+    """One module of the model's tree, with its measures aggregated over its subtree."""
+
+    path: str  # dotted path, "" for the root
+    type: str  # class name
+    depth: int = 0
+    parent: str | None = None
+    input_shapes: list[Shape] = Field(default_factory=list)
+    output_shapes: list[Shape] = Field(default_factory=list)
+    output_dtypes: list[str] = Field(default_factory=list)
+    params: int = 0  # owned by the module and its children, tied parameters once
+    trainable_params: int = 0
+    own_params: int = 0  # directly owned (recurse=False)
+    buffers: int = 0
+    param_bytes: int = 0
+    tied_params: list[str] = Field(default_factory=list)  # names that alias an earlier param
+    calls: int = 0  # times forward ran (a module reused in a loop counts each call)
+    flops_forward: int = 0
+    flops_backward: int = 0
+    output_bytes: int = 0
+    saved_activation_bytes: int | None = None
+    grad_norm: float | None = None
+    location: str | None = None
+
+
+class Totals(_Model):
+    params: int = 0  # tied parameters once
+    trainable_params: int = 0
+    frozen_params: int = 0
+    tied_params: int = 0  # parameters that alias another (not counted again in `params`)
+    buffers: int = 0
+    param_bytes: int = 0
+    buffer_bytes: int = 0
+    params_by_dtype: dict[str, int] = Field(default_factory=dict)
+    param_bytes_by_dtype: dict[str, int] = Field(default_factory=dict)
+    flops_forward: int = 0
+    flops_backward: int = 0
+    output_bytes: int = 0  # sum of node output bytes
+
+
+class CaptureAttempt(_Model):
+    method: Literal["fx", "export", "hooks"]
+    ok: bool
+    error: str | None = None
+    error_type: str | None = None
+    location: str | None = None  # "file.py:LINE" in the user's code
+    source_line: str | None = None  # that line's text
+    seconds: float = 0.0
+
+
+class Capture(_Model):
+    method: Literal["fx", "export", "hooks"] | None = None
+    attempts: list[CaptureAttempt] = Field(default_factory=list)
+    node_count: int = 0
+
+
+class Meta(_Model):
+    inspector_version: str = ""
+    torch_version: str = ""
+    python_version: str = ""
+    device: str = "cpu"
+    device_name: str = ""
+    source_kind: str = ""  # python, pt2, torchscript, preset, hf-config
+    source_name: str = ""
+    source_sha256: str | None = None
+    entrypoint: str | None = None
+    input_spec: object = None  # the input spec as given (JSON), or a description of a file
+    dims: dict[str, int] = Field(default_factory=dict)
+    fake: bool = False  # shapes and memory from fake tensors, no real forward
+    options: dict[str, object] = Field(default_factory=dict)
+    timings_s: dict[str, float] = Field(default_factory=dict)
+    created_at: str = ""
+    warnings: list[str] = Field(default_factory=list)
+
+
+class TimelinePoint(_Model):
+    step: int
+    phase: Literal["forward", "backward", "optimizer"]
+    node: str | None = None  # node name, or "<param>.grad" style labels in backward
+    live_bytes: int
+
+
+class BatchPoint(_Model):
+    batch: int
+    forward_peak_bytes: int
+    train_peak_bytes: int
+    saved_activation_bytes: int = 0
+
+
+class MeasuredMemory(_Model):
+    method: str  # "torch.profiler", "cuda.max_memory_allocated"
+    device: str
+    train_peak_bytes: int | None = None
+    saved_activation_bytes: int | None = None
+    forward_peak_bytes: int | None = None
+    train_peak_error: float | None = None  # (estimate - measured) / measured
+    saved_activation_error: float | None = None
+
+
+class MemoryAdvice(_Model):
+    kind: str  # "checkpoint", "autocast-bf16", ...
+    where: str | None = None
+    saving_bytes: int
+    message: str
+
+
+class Memory(_Model):
+    optimizer: str | None = None
+    param_dtype: str | None = None
+    activation_dtype: str | None = None
+    param_bytes: int | None = None
+    buffer_bytes: int | None = None
+    grad_bytes: int | None = None
+    optimizer_bytes: int | None = None
+    bytes_by_dtype: dict[str, int] = Field(default_factory=dict)
+    saved_activation_bytes: int | None = None
+    forward_peak_bytes: int | None = None
+    forward_peak_node: str | None = None
+    train_peak_bytes: int | None = None
+    train_peak_node: str | None = None
+    train_peak_phase: str | None = None
+    timeline: list[TimelinePoint] = Field(default_factory=list)
+    batch_dim: str | None = None
+    batch_scaling: list[BatchPoint] = Field(default_factory=list)
+    fixed_bytes: int | None = None  # fitted: peak = fixed + per_sample * batch
+    per_sample_bytes: int | None = None
+    # {str(budget_bytes): largest batch that fits}; 0 when even batch 1 does not fit
+    max_batch: dict[str, int] = Field(default_factory=dict)
+    measured: MeasuredMemory | None = None
+    advice: list[MemoryAdvice] = Field(default_factory=list)
+
+
+class ParamGrad(_Model):
+    name: str
+    module_path: str = ""
+    shape: list[int] = Field(default_factory=list)
+    grad_norm: float | None = None  # None when the grad stayed None
+    weight_norm: float | None = None
+    ratio: float | None = None  # grad_norm / weight_norm
+    zero_fraction: float | None = None
+    nan_count: int = 0
+    inf_count: int = 0
+    verdict: str = "ok"  # ok, unused, cut, vanishing, exploding, nan, frozen
+
+
+class LayerGrad(_Model):
+    module_path: str
+    type: str = ""
+    depth_index: int = 0  # order in the forward
+    grad_norm: float | None = None
+    ratio: float | None = None
+    verdict: str = "ok"
+
+
+class Gradients(_Model):
+    computed: bool = False
+    loss: str | None = None  # how the loss was formed
+    loss_value: float | None = None
+    thresholds: dict[str, float] = Field(default_factory=dict)
+    params: list[ParamGrad] = Field(default_factory=list)
+    layers: list[LayerGrad] = Field(default_factory=list)
+    first_nan_node: str | None = None
+    error: str | None = None
+
+
+class ModeDiff(_Model):
+    computed: bool = False
+    mode_dependent_modules: list[str] = Field(default_factory=list)
+    output_max_abs_diff: float | None = None
+    first_divergent_node: str | None = None
+    error: str | None = None
+
+
+class Finding(_Model):
+    rule: str
+    severity: Severity
+    where: str = ""  # node name or module path ("" = the whole model)
+    message: str
+    fix: str = ""
+
+
+class ExportTarget(_Model):
+    target: str  # export-strict, export-nonstrict, torchscript-script, torchscript-trace, onnx
+    ok: bool | None = None  # None = not attempted (dependency missing)
+    error: str | None = None
+    location: str | None = None
+    seconds: float = 0.0
+
+
+class Export(_Model):
+    targets: list[ExportTarget] = Field(default_factory=list)
+
+
+class ErrorInfo(_Model):
+    kind: str  # user_error, timed_out, out_of_memory, killed, internal
+    message: str
+    stage: str | None = None
+    traceback: str | None = None  # the user's frames only
+
+
+class Report(_Model):
+    schema_version: int = SCHEMA_VERSION
+    status: Literal["done", "failed"] = "done"
+    error: ErrorInfo | None = None
+    meta: Meta = Field(default_factory=Meta)
+    capture: Capture = Field(default_factory=Capture)
+    totals: Totals = Field(default_factory=Totals)
+    nodes: list[Node] = Field(default_factory=list)
+    modules: list[Module] = Field(default_factory=list)
+    memory: Memory = Field(default_factory=Memory)
+    gradients: Gradients = Field(default_factory=Gradients)
+    modes: ModeDiff = Field(default_factory=ModeDiff)
+    findings: list[Finding] = Field(default_factory=list)
+    export: Export = Field(default_factory=Export)
+
+    def to_json(self, indent: int | None = None) -> str:
+        return self.model_dump_json(indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Report:
+        return cls.model_validate_json(text)
+
+    def module(self, path: str) -> Module | None:
+        return next((m for m in self.modules if m.path == path), None)
+
+
+def failed_report(kind: str, message: str, stage: str | None = None, **extra: object) -> Report:
+    """A report for a job that did not finish; `extra` goes into `error`."""
+    return Report(status="failed", error=ErrorInfo(kind=kind, message=message, stage=stage, **extra))

@@ -1,0 +1,50 @@
+"""Shared test set-up: the test models on sys.path, and the real-service guards."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+ROOT = TESTS.parent
+sys.path.insert(0, str(TESTS))
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+POSTGRES_URL = os.environ.get(
+    "INSPECTOR_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+REDIS_URL = os.environ.get("INSPECTOR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def require_service(name: str, host: str, port: int) -> None:
+    """Skip when a real service is absent, except in CI where it must be there."""
+    if _port_open(host, port):
+        return
+    message = f"{name} is not listening on {host}:{port}"
+    if IN_CI:
+        pytest.fail(f"{message}, and CI=true requires it")
+    pytest.skip(message)
+
+
+@pytest.fixture
+def postgres_url() -> str:
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    return POSTGRES_URL
+
+
+@pytest.fixture
+def redis_url() -> str:
+    require_service("Redis", "127.0.0.1", 6379)
+    return REDIS_URL

@@ -1,18 +1,29 @@
-"""Model Graph Inspector: shapes, memory and gradient health of PyTorch models."""
+"""Model Graph Inspector: shapes, memory and gradient health of PyTorch models.
+
+Importing the package (and `inspector.report`, `inspector.units`) does not import torch:
+the web process reads reports without it. `Options` and `inspect_model` load torch lazily.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+from inspector.report import SCHEMA_VERSION, Report
+
 __version__ = "0.1.0"
-
-from inspector.context import Options  # noqa: E402
-from inspector.report import SCHEMA_VERSION, Report  # noqa: E402
+__all__ = ["Options", "Report", "SCHEMA_VERSION", "inspect_model", "__version__"]
 
 
-def inspect_model(*args, **kwargs) -> Report:  # noqa: ANN002, ANN003 - re-exported below
+def inspect_model(*args: Any, **kwargs: Any) -> Report:
     """See `inspector.analyze.inspect_model`."""
     from inspector.analyze import inspect_model as _inspect
 
     return _inspect(*args, **kwargs)
 
 
-__all__ = ["Options", "Report", "SCHEMA_VERSION", "inspect_model", "__version__"]
+def __getattr__(name: str) -> Any:
+    if name == "Options":
+        from inspector.context import Options
+
+        return Options
+    raise AttributeError(f"module 'inspector' has no attribute {name!r}")

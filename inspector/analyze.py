@@ -57,6 +57,9 @@ def inspect_model(
     """
     options = options or Options()
     options.device = resolve_device(options.device)
+    if _builds_from_config(model) and not options.fake:
+        # A config describes a model of any size: build it without weights, always.
+        options.fake = True
     report = Report(meta=_meta(model, input, options))
     timings = report.meta.timings_s
     notify = progress or (lambda stage, percent: None)
@@ -92,6 +95,10 @@ def inspect_model(
     report.capture.node_count = len(report.nodes)
     notify("done", 100)
     return report
+
+
+def _builds_from_config(model: str) -> bool:
+    return model.startswith("preset:") or model.lower().endswith(".json")
 
 
 def _meta(model: str, input: str | None, options: Options) -> Meta:

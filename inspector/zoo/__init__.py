@@ -1,0 +1,1 @@
+"""Architectures the project writes itself (used by presets when no library provides one)."""

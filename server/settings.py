@@ -1,0 +1,123 @@
+"""Service settings from the environment (`INSPECTOR_*`), checked once at start."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from inspector.units import parse_size
+
+__all__ = ["Settings", "get_settings", "normalise_database_url"]
+
+MiB = 1024**2
+GiB = 1024**3
+# `import torch` alone needs ~1.5 GB of address space (DESIGN.md, sandbox facts).
+MIN_JOB_MEMORY_BYTES = 2 * GiB
+
+_SIZE_FIELDS = (
+    "max_upload_bytes",
+    "max_zip_uncompressed_bytes",
+    "job_memory_bytes",
+    "job_max_file_bytes",
+)
+
+
+def normalise_database_url(url: str) -> str:
+    """Point plain Postgres URLs at the psycopg 3 driver, the one we install."""
+    for prefix in ("postgres://", "postgresql://", "postgresql+psycopg2://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="INSPECTOR_", extra="ignore")
+
+    data_dir: Path = Path("./inspector-data")
+    database_url: str | None = None  # default: SQLite in the data dir
+    redis_url: str | None = None  # unset: huey's SqliteHuey at <data_dir>/queue.db
+    max_upload_bytes: int = 100 * MiB
+    max_zip_files: int = 2000
+    max_zip_uncompressed_bytes: int = 500 * MiB
+    job_timeout_s: float = 600
+    job_memory_bytes: int = 8 * GiB
+    job_cpu_s: int = 1200
+    job_max_procs: int = 256
+    job_max_file_bytes: int = 1 * GiB
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    worker_concurrency: int = 1
+    sandbox: Literal["bwrap", "none"] = "bwrap"
+    trusted_only: bool = False
+    public_url: str | None = None
+
+    @field_validator(*_SIZE_FIELDS, mode="before")
+    @classmethod
+    def _sizes(cls, value: object) -> object:
+        # Accept "100MiB", "8GiB" as well as plain byte counts.
+        return parse_size(value) if isinstance(value, str) else value
+
+    @field_validator("database_url", "redis_url", "public_url", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str | None) -> str | None:
+        return normalise_database_url(value.strip()) if value else value
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"INSPECTOR_PUBLIC_URL must start with http:// or https://: {value!r}")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _defaults_and_safety(self) -> Settings:
+        if self.database_url is None:
+            self.database_url = f"sqlite:///{self.data_dir / 'inspector.db'}"
+        _refuse_unsafe(self)
+        return self
+
+    @property
+    def uploads_dir(self) -> Path:
+        return self.data_dir / "uploads"
+
+    @property
+    def is_sqlite(self) -> bool:
+        return str(self.database_url).startswith("sqlite")
+
+
+def _refuse_unsafe(settings: Settings) -> None:
+    """Contradictory or unsafe combinations stop the service at start, with the fix."""
+    problems = []
+    if settings.trusted_only and settings.sandbox != "none":
+        problems.append(
+            "INSPECTOR_TRUSTED_ONLY=true only applies with INSPECTOR_SANDBOX=none "
+            "(it accepts running uploads unconfined); unset it to keep the sandbox"
+        )
+    positive = ("max_upload_bytes", "max_zip_files", "max_zip_uncompressed_bytes", "job_timeout_s")
+    positive += ("job_cpu_s", "job_max_procs", "job_max_file_bytes", "worker_concurrency")
+    for name in positive:
+        if getattr(settings, name) <= 0:
+            problems.append(f"INSPECTOR_{name.upper()} must be positive")
+    if settings.job_memory_bytes < MIN_JOB_MEMORY_BYTES:
+        problems.append(
+            f"INSPECTOR_JOB_MEMORY_BYTES={settings.job_memory_bytes} is below 2GiB: "
+            "a job child cannot even import torch; use at least 2GiB"
+        )
+    if problems:
+        raise ValueError("unsafe settings: " + "; ".join(problems))
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings (read once; tests pass their own `Settings` instead)."""
+    return Settings()

@@ -13,6 +13,7 @@ import torch
 from inspector import __version__
 from inspector.capture import capture_graph
 from inspector.context import Context, Options
+from inspector.fit import check_inputs_fit
 from inspector.inputspec import parse_input
 from inspector.loading import load_model
 from inspector.passes import PASSES
@@ -72,6 +73,8 @@ def inspect_model(
         factory = parse_input(input, loaded)
         with fake_mode or nullcontext():
             inputs = factory.build(device=options.device)
+            # Name the layer that rejects the inputs before any pass trips over them.
+            check_inputs_fit(loaded.model, inputs, loaded.user_files)
     report.meta.source_kind = loaded.source_kind
     report.meta.source_name = loaded.source_name
     report.meta.source_sha256 = loaded.sha256

@@ -34,6 +34,8 @@ class Options:
     seed: int = 0
     passes: set[str] | None = None  # None: every pass
     measure: bool = True  # measure real memory when not fake (costs one real step)
+    # overrides of the health thresholds (inspector.health.thresholds.DEFAULTS)
+    thresholds: dict[str, float] = field(default_factory=dict)
 
     def wants(self, name: str) -> bool:
         return self.passes is None or name in self.passes

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
@@ -61,16 +61,12 @@ def _transformers_init_table() -> tuple[dict[str, Any], dict[str, Any]] | None:
 
 
 @contextmanager
-def building_under(fake_mode: Any) -> Iterator[None]:
-    """The context to construct a model in: `fake_mode` with initialisers skipped, or
-    nothing at all for a real build."""
-    if fake_mode is None:
-        with nullcontext():
-            yield
-        return
-    import contextlib
-
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(fake_mode)
-        stack.enter_context(skip_init())
+def building_under(fake_mode: Any, device: str = "cpu") -> Iterator[None]:
+    """The context to construct a model in: tensors made on `device` (no `.to()` after:
+    fake parameters cannot be swapped), inside `fake_mode` with initialisers skipped."""
+    with ExitStack() as stack:
+        stack.enter_context(torch.device(device))
+        if fake_mode is not None:
+            stack.enter_context(fake_mode)
+            stack.enter_context(skip_init())
         yield

@@ -46,7 +46,7 @@ def build_from_config(
     """Build from a config dict with a `model_type` (and ideally `architectures`)."""
     config = _config_from_dict(data, name)
     model_class = _model_class(config, data, name)
-    with building_under(fake_mode):
+    with building_under(fake_mode, device):
         try:
             model = model_class(config)
         except Exception as exc:  # the config's values, not our code, are at fault
@@ -54,7 +54,6 @@ def build_from_config(
                 f"{name}: transformers could not build {model_class.__name__} from this "
                 f"config: {type(exc).__name__}: {exc}"
             ) from None
-        model = model.to(device)
     from inspector.inputspec import parse_input  # noqa: PLC0415 - avoids an import cycle
 
     loaded = LoadedModel(model=model, source_kind="hf-config", source_name=name)

@@ -147,6 +147,6 @@ def load_preset(name: str, *, fake_mode: Any = None, device: str = "cpu") -> Loa
 def _own_model(preset: Preset, fake_mode: Any, device: str) -> LoadedModel:
     from inspector.zoo.resnet import ResNet50
 
-    with building_under(fake_mode):
-        model = ResNet50().to(device)
+    with building_under(fake_mode, device):
+        model = ResNet50()
     return LoadedModel(model=model, source_kind="preset", source_name=f"preset:{preset.name}")

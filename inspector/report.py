@@ -49,6 +49,7 @@ class NumericStats(_Model):
     dead_fraction: float | None = None  # ReLU-like: share of features zero for the whole batch
     saturated_fraction: float | None = None  # sigmoid/tanh: share within 1e-3 of the bounds
     fp16_overflow_count: int = 0  # |x| > 65504
+    bf16_error: float | None = None  # rms(x - bf16(x)) / std(x): precision lost in bf16
 
 
 class Node(_Model):
@@ -217,6 +218,7 @@ class ParamGrad(_Model):
     nan_count: int = 0
     inf_count: int = 0
     verdict: str = "ok"  # ok, unused, cut, vanishing, exploding, nan, frozen
+    cut_at: str | None = None  # verdict "cut": where in the forward the path is cut
 
 
 class LayerGrad(_Model):

@@ -23,6 +23,8 @@ _SIZE_FIELDS = (
     "max_zip_uncompressed_bytes",
     "job_memory_bytes",
     "job_max_file_bytes",
+    "job_tmp_bytes",
+    "job_output_bytes",
 )
 
 
@@ -53,6 +55,12 @@ class Settings(BaseSettings):
     sandbox: Literal["bwrap", "none"] = "bwrap"
     trusted_only: bool = False
     public_url: str | None = None
+    # Worker side (server.worker / server.jobs / server.sandbox):
+    job_tmp_bytes: int = 256 * MiB  # the sandbox's /tmp and /dev/shm (tmpfs: RAM), each
+    job_output_bytes: int = 256 * 1024  # stdout/stderr of a child kept (head + tail), each
+    job_heartbeat_s: float = 2.0  # a running job's row is touched at least this often
+    job_stale_after_s: float = 60.0  # no heartbeat for this long: its worker is gone
+    queue_name: str = "inspector"  # the huey queue (one per deployment; a Redis key prefix)
 
     @field_validator(*_SIZE_FIELDS, mode="before")
     @classmethod
@@ -81,6 +89,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _defaults_and_safety(self) -> Settings:
+        self.data_dir = self.data_dir.expanduser().resolve()  # children run elsewhere
         if self.database_url is None:
             self.database_url = f"sqlite:///{self.data_dir / 'inspector.db'}"
         _refuse_unsafe(self)

@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from inspector.context import Context
-from inspector.passes import graph
+from inspector.passes import graph, memory
 
 Pass = Callable[[Context], None]
 
 PASSES: list[tuple[str, Pass]] = [
     ("graph", graph.run),  # shapes, parameters, FLOPs -> nodes, modules, totals
+    ("memory", memory.run),  # static memory, saved activations, peaks, batch scaling
 ]

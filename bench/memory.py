@@ -1,0 +1,232 @@
+"""Memory estimate vs torchinfo vs measured, on the test models; fake-mode speed; and a
+Llama-style decoder with 70B dimensions analysed on fake tensors.
+
+    .venv/bin/python bench/memory.py                    # every comparison case
+    .venv/bin/python bench/memory.py mlp small_cnn      # some of them
+    .venv/bin/python bench/memory.py llama70b [LAYERS]  # the 70B-shaped decoder (fake)
+
+Each comparison runs the memory pass three ways: on the real model with the measurement
+(torch.profiler on CPU, cuda.max_memory_allocated on GPU), and on the same architecture
+built inside a FakeTensorMode (no weight allocated). Optimizer AdamW, float32.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import models  # noqa: E402  (tests/models.py)
+
+from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options  # noqa: E402
+from inspector.fakebuild import building_under  # noqa: E402
+from inspector.memory.shadow import new_fake_mode  # noqa: E402
+from inspector.passes import memory as memory_pass  # noqa: E402
+from inspector.report import Report  # noqa: E402
+
+CASES = {  # name: (maker, batch, extra shape args)
+    "resnet18": (models.make_resnet18, 32, (224,)),
+    "gpt2": (models.make_gpt2, 4, (512,)),
+    "bert": (models.make_bert, 8, (128,)),
+    "mlp": (models.make_mlp, 32, ()),
+    "small_cnn": (models.make_small_cnn, 8, ()),
+}
+
+
+class BatchFactory(InputFactory):
+    """Inputs from a tests/models.py maker at any batch size (dim "B")."""
+
+    def __init__(self, maker: Any, batch: int, extra: tuple[int, ...]) -> None:
+        super().__init__({"B": batch})
+        self.maker, self.extra = maker, extra
+
+    def build(self, dims: dict[str, int] | None = None, device: str = "cpu") -> Inputs:
+        b = (dims or {}).get("B", self.dims["B"])
+        _, (args, kwargs) = self.maker(b, *self.extra)
+        return Inputs(args, kwargs, {"B": b})
+
+    @property
+    def batch_dim(self) -> str:
+        return "B"
+
+
+def context(model: Any, inputs: Inputs, factory: InputFactory, options: Options, fake_mode=None):
+    loaded = LoadedModel(model, "python", "bench", fake_mode=fake_mode)
+    return Context(loaded, factory, inputs, options, Report(), fake_mode=fake_mode)
+
+
+def torchinfo_bytes(model: Any, inputs: Inputs) -> int:
+    """torchinfo's "Forward/backward pass size" + "Params size", in bytes."""
+    from torchinfo import summary
+
+    stats = summary(model, input_data=list(inputs.args) or None, verbose=0, **inputs.kwargs)
+    return int(stats.total_output_bytes + stats.total_param_bytes)
+
+
+def compare(name: str) -> dict[str, Any]:
+    maker, batch, extra = CASES[name]
+    torch.manual_seed(0)
+    model, (args, kwargs) = maker(batch, *extra)
+    factory = BatchFactory(maker, batch, extra)
+    real = context(model, Inputs(args, kwargs, {"B": batch}), factory, Options(fake=False))
+    memory_pass.run(real)
+    info = torchinfo_bytes(model, real.inputs)
+    measured = real.scratch["memory_measured"]
+    del model, real.loaded.model
+    fake_mode = new_fake_mode()
+    with building_under(fake_mode):
+        fmodel, (fargs, fkwargs) = maker(batch, *extra)
+    fake = context(
+        fmodel, Inputs(fargs, fkwargs, {"B": batch}), factory, Options(fake=True), fake_mode
+    )
+    start = time.perf_counter()
+    memory_pass.run(fake)
+    fake_s = time.perf_counter() - start
+    return {
+        "name": name,
+        "torchinfo": info,
+        "real": real.report.memory,
+        "fake": fake.report.memory,
+        "measured": measured,
+        "fake_s": fake_s,
+    }
+
+
+def _err(estimate: int | None, measured: int) -> str:
+    return "-" if estimate is None else f"{(estimate - measured) / measured * 100:+.3f}%"
+
+
+def print_row(r: dict[str, Any]) -> None:
+    m, real, fake = r["measured"], r["real"], r["fake"]
+    mib = 1024**2
+    print(
+        f"| {r['name']} | {r['torchinfo'] / mib:.1f} | saved {real.saved_activation_bytes / mib:.2f} / "
+        f"{fake.saved_activation_bytes / mib:.2f} / {m.saved_activation_bytes / mib:.2f} "
+        f"({_err(real.saved_activation_bytes, m.saved_activation_bytes)}, "
+        f"{_err(fake.saved_activation_bytes, m.saved_activation_bytes)}) | "
+        f"peak {real.train_peak_bytes / mib:.2f} / {fake.train_peak_bytes / mib:.2f} / "
+        f"{m.train_peak_bytes / mib:.2f} ({_err(real.train_peak_bytes, m.train_peak_bytes)}, "
+        f"{_err(fake.train_peak_bytes, m.train_peak_bytes)}) | "
+        f"fwd {fake.forward_peak_bytes / mib:.2f} / {m.forward_peak_bytes / mib:.2f} "
+        f"({_err(fake.forward_peak_bytes, m.forward_peak_bytes)}) | "
+        f"fake {r['fake_s']:.2f} s, real step {m.step_seconds:.2f} s "
+        f"({m.step_seconds / r['fake_s']:.1f}x) |",
+        flush=True,
+    )
+
+
+def llama70b(layers: int = 80, seq: int = 4096) -> dict[str, Any]:
+    """The 70B-shaped decoder built inside a FakeTensorMode, bf16 weights, AdamW."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        num_hidden_layers=layers,
+        hidden_size=8192,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        intermediate_size=28672,
+        vocab_size=128256,
+        max_position_embeddings=seq,
+        attention_dropout=0.0,
+    )
+    config._attn_implementation = "sdpa"
+    fake_mode = new_fake_mode()
+    start = time.perf_counter()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # bf16 weights from the start
+    try:
+        with building_under(fake_mode):
+            model = LlamaForCausalLM(config)
+            ids = torch.randint(0, config.vocab_size, (1, seq))
+    finally:
+        torch.set_default_dtype(default)
+    build_s = time.perf_counter() - start
+
+    class Factory(InputFactory):
+        def build(self, dims=None, device="cpu"):  # noqa: ANN001, ANN202
+            b = (dims or {}).get("B", 1)
+            return Inputs(
+                (), {"input_ids": torch.randint(0, config.vocab_size, (b, seq))}, {"B": b}
+            )
+
+        @property
+        def batch_dim(self) -> str:
+            return "B"
+
+    ctx = context(
+        model,
+        Inputs((), {"input_ids": ids}, {"B": 1}),
+        Factory({"B": 1}),
+        Options(fake=True),
+        fake_mode,
+    )
+    start = time.perf_counter()
+    memory_pass.run(ctx)
+    run_s = time.perf_counter() - start
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    by_label = ctx.scratch["memory"].train.saved_by_label
+    from inspector.memory.advice import subtree_bytes
+
+    per_layer = subtree_bytes(by_label).get("model.layers.1", 0)
+    return {
+        "build_s": build_s,
+        "run_s": run_s,
+        "rss": rss,
+        "memory": ctx.report.memory,
+        "per_layer": per_layer,
+        "config": config,
+        "seq": seq,
+    }
+
+
+def korthikanti(s: int, b: int, h: int, a: int) -> int:
+    """Korthikanti et al. 2022, 16-bit activations per transformer layer: sbh(34 + 5as/h)."""
+    return int(s * b * h * (34 + 5 * a * s / h))
+
+
+def print_llama(r: dict[str, Any]) -> None:
+    m, c, s = r["memory"], r["config"], r["seq"]
+    gib = 1024**3
+    print(f"llama-70B-shaped, {c.num_hidden_layers} layers, [1, {s}], bf16 weights, AdamW, fake")
+    print(
+        f"  build {r['build_s']:.1f} s, memory pass {r['run_s']:.1f} s, max RSS {r['rss'] / gib:.2f} GiB"
+    )
+    print(
+        f"  params {m.param_bytes / gib:.2f} GiB, grads {m.grad_bytes / gib:.2f} GiB, "
+        f"optimizer {m.optimizer_bytes / gib:.2f} GiB"
+    )
+    print(
+        f"  saved activations {m.saved_activation_bytes / gib:.2f} GiB, train peak "
+        f"{m.train_peak_bytes / gib:.2f} GiB at {m.train_peak_node} ({m.train_peak_phase})"
+    )
+    print(
+        f"  per layer (model.layers.1): {r['per_layer']:,} B = {r['per_layer'] / (s * c.hidden_size):.2f} sbh;"
+        f" Korthikanti {korthikanti(s, 1, c.hidden_size, c.num_attention_heads):,} B"
+    )
+    print(
+        f"  max batch: {m.max_batch}, fixed {m.fixed_bytes:,} B + {m.per_sample_bytes:,} B/sample"
+    )
+
+
+def main(argv: list[str]) -> None:
+    if argv and argv[0] == "llama70b":
+        print_llama(llama70b(*(int(x) for x in argv[1:])))
+        return
+    print(
+        "| model | torchinfo MiB | saved MiB ours real / fake / measured (err) | "
+        "train peak MiB ours real / fake / measured (err) | forward peak fake / measured | speed |"
+    )
+    print("|---|---|---|---|---|---|")
+    for name in argv or list(CASES):
+        print_row(compare(name))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,112 @@
+"""Capture: get a graph of the model. fx first, then torch.export, then module hooks.
+
+Every attempt is recorded (method, ok, error, the user's file:line and its text, time):
+why tracing failed is itself useful to the user. Works on real and on fake tensors: under
+`ctx.fake_mode` export traces the fake model, and hooks run it with fake inputs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from inspector.context import CaptureResult, Context
+from inspector.graph.exportcapture import WRAPPED, export_graph
+from inspector.graph.fxcapture import trace_fx
+from inspector.graph.hooks import record_hooks
+from inspector.graph.lenient import fake_context
+from inspector.graph.runner import preserved_state
+from inspector.report import CaptureAttempt
+from inspector.tracebacks import user_location
+
+__all__ = ["capture_graph"]
+
+_MAX_ERROR = 2000  # characters of an error message kept in the report
+
+
+def capture_graph(ctx: Context) -> CaptureResult:
+    """Try fx, export, hooks in turn; the first that works is the capture."""
+    attempts: list[CaptureAttempt] = []
+    methods: list[tuple[str, Callable[[Context], tuple[CaptureResult, str | None]]]] = [
+        ("fx", _fx),
+        ("export", _export),
+        ("hooks", _hooks),
+    ]
+    if ctx.loaded.exported is not None:  # a .pt2 upload is an export graph already
+        methods = [("export", _loaded_export), ("hooks", _hooks)]
+    for method, attempt in methods:
+        start = time.perf_counter()
+        try:
+            result, note = attempt(ctx)
+        except Exception as exc:  # the user's model failed this method: record, go on
+            attempts.append(_failed(method, exc, ctx, time.perf_counter() - start))
+            continue
+        attempts.append(_ok(method, note, time.perf_counter() - start))
+        result.attempts = attempts
+        return result
+    return CaptureResult(method=None, attempts=attempts)
+
+
+def _ok(method: str, note: Any, seconds: float) -> CaptureAttempt:
+    attempt = CaptureAttempt(method=method, ok=True, seconds=round(seconds, 4))
+    if note is not None:  # fx kept some submodules whole: say why
+        text, exc, where = note
+        attempt.error = text
+        attempt.error_type = type(exc).__name__
+        attempt.location, attempt.source_line = where or (None, None)
+    return attempt
+
+
+def _failed(method: str, exc: BaseException, ctx: Context, seconds: float) -> CaptureAttempt:
+    where = user_location(exc, ctx.loaded.user_files)
+    return CaptureAttempt(
+        method=method,
+        ok=False,
+        error=_message(exc),
+        error_type=type(exc).__name__,
+        location=where[0] if where else None,
+        source_line=where[1] if where else None,
+        seconds=round(seconds, 4),
+    )
+
+
+def _message(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text if len(text) <= _MAX_ERROR else text[:_MAX_ERROR] + " ..."
+
+
+def _fx(ctx: Context) -> tuple[CaptureResult, Any]:
+    cap = trace_fx(ctx.model, ctx.inputs.args, ctx.inputs.kwargs)
+    result = CaptureResult(method="fx", attempts=[], graph_module=cap.graph_module)
+    ctx.scratch["graph.fx_leaves"] = cap.leaves
+    if not cap.leaves or cap.first_error is None:
+        return result, None
+    names = ", ".join(repr(p) for p in cap.leaves)
+    text = (
+        f"traced with {names} kept whole (one node each): fx cannot trace through it: "
+        f"{type(cap.first_error).__name__}: {_message(cap.first_error)}"
+    )
+    return result, (text, cap.first_error, user_location(cap.first_error, ctx.loaded.user_files))
+
+
+def _export(ctx: Context) -> tuple[CaptureResult, Any]:
+    ep, gm = export_graph(ctx.model, ctx.inputs.args, ctx.inputs.kwargs, ctx.fake_mode)
+    ctx.scratch["graph.strip"] = WRAPPED
+    return CaptureResult(method="export", attempts=[], graph_module=gm, exported=ep), None
+
+
+def _loaded_export(ctx: Context) -> tuple[CaptureResult, Any]:
+    ep = ctx.loaded.exported
+    ctx.scratch["graph.strip"] = None  # no wrapper: module paths are the model's own
+    return CaptureResult(method="export", attempts=[], graph_module=ep.module(), exported=ep), None
+
+
+def _hooks(ctx: Context) -> tuple[CaptureResult, Any]:
+    model = ctx.model
+    with preserved_state(model, real=ctx.fake_mode is None), fake_context(ctx.fake_mode):
+        records = record_hooks(
+            model, lambda: ctx.inputs.call(model), user_files=ctx.loaded.user_files
+        )
+    ctx.scratch["graph.records"] = records  # the graph pass reuses this run
+    return CaptureResult(method="hooks", attempts=[]), None

@@ -1,0 +1,73 @@
+"""Backward FLOPs, measured: one fake forward + backward under FlopCounterMode.
+
+Fake tensors make it cheap (no arithmetic); torch's per-op formulas count the backward
+kernels. Per module: each op goes to the innermost module FlopCounterMode's tracker has open.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from inspector.context import Inputs
+from inspector.graph.lenient import fake_context
+from inspector.graph.params import in_subtree
+from inspector.graph.tensors import tensor_leaves
+
+__all__ = ["measure_backward"]
+
+
+class _OwnCounter(FlopCounterMode):
+    """Also attributes each op to its innermost module only, so per-module sums add up
+    (torch's inclusive per-module counts are not always nested in backward)."""
+
+    def __init__(self) -> None:
+        super().__init__(display=False)
+        self.own: dict[str, int] = defaultdict(int)
+
+    def _count_flops(self, func_packet, out, args, kwargs):  # noqa: ANN001, ANN202
+        before = self.get_total_flops()
+        result = super()._count_flops(func_packet, out, args, kwargs)
+        delta = self.get_total_flops() - before
+        if delta:
+            names = [p for p in self.mod_tracker.parents if p != "Global"]
+            self.own[max(names, key=lambda n: n.count("."), default="")] += delta
+        return result
+
+    def per_module(self, root: nn.Module) -> dict[str, int]:
+        """{module path: own FLOPs so far}; the tracker names modules "RootClass.path"."""
+        prefix = type(root).__name__
+        out: dict[str, int] = defaultdict(int)
+        for name, flops in self.own.items():
+            out["" if name in ("", prefix) else name.removeprefix(prefix + ".")] += flops
+        return out
+
+
+def measure_backward(
+    model: nn.Module, inputs: Inputs, fake_mode: Any
+) -> tuple[int, dict[str, int]]:
+    """(total backward FLOPs, {module path: backward FLOPs}). Raises when the model's
+    output has nothing to differentiate."""
+    counter = _OwnCounter()
+    with fake_context(fake_mode), counter:
+        out = inputs.call(model)
+        fwd_total, fwd = counter.get_total_flops(), dict(counter.per_module(model))
+        grads = [t for t in tensor_leaves(out) if t.requires_grad and t.is_floating_point()]
+        if not grads:
+            raise ValueError("no floating output requires grad (every parameter frozen?)")
+        loss = sum(t.float().sum() for t in grads)
+        loss.backward()  # type: ignore[union-attr]
+        total, both = counter.get_total_flops(), counter.per_module(model)
+    own = {p: both[p] - fwd.get(p, 0) for p in both}
+    return total - fwd_total, _inclusive(own, model)
+
+
+def _inclusive(own: dict[str, int], model: nn.Module) -> dict[str, int]:
+    """{path: FLOPs of the module and everything under it}."""
+    out = {}
+    for path, _ in model.named_modules():
+        out[path] = sum(v for p, v in own.items() if in_subtree(p, path))
+    return out

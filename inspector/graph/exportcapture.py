@@ -1,0 +1,72 @@
+"""torch.export.export, non-strict, on a wrapper that flattens inputs and outputs.
+
+Non-strict export runs the model's Python as it is (with fake tensors) instead of
+compiling it with Dynamo: arbitrary Python in forward is fine, and it is faster. The
+wrapper takes the input tensors positionally (non-tensor inputs stay constants) and
+returns every tensor of the output as a tuple, because export refuses outputs pytree
+does not know (Hugging Face caches in GPT-2's output).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext, redirect_stderr
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from inspector.graph.tensors import tensor_leaves
+
+__all__ = ["WRAPPED", "export_graph", "flat_tensors"]
+
+WRAPPED = "model"  # the user's model inside the wrapper: module paths start with it
+
+
+class _Flat(nn.Module):
+    def __init__(self, model: nn.Module, args: tuple, kwargs: dict) -> None:
+        super().__init__()
+        self.model = model
+        leaves, self._spec = tree_flatten((args, kwargs))
+        self._positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+        self._leaves = [None if isinstance(v, torch.Tensor) else v for v in leaves]
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        leaves = list(self._leaves)
+        for pos, t in zip(self._positions, tensors, strict=True):
+            leaves[pos] = t
+        args, kwargs = tree_unflatten(leaves, self._spec)
+        return tuple(tensor_leaves(self.model(*args, **kwargs)))
+
+
+def flat_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    leaves, _ = tree_flatten((args, kwargs))
+    return [v for v in leaves if isinstance(v, torch.Tensor)]
+
+
+def export_graph(
+    model: nn.Module, args: tuple, kwargs: dict, fake_mode: Any = None
+) -> tuple[Any, fx.GraphModule]:
+    """(ExportedProgram, its runnable GraphModule) for `model(*args, **kwargs)`; under
+    `fake_mode` when the model or inputs are fake."""
+    wrapper = _Flat(model, args, kwargs)
+    with _quiet(), fake_mode if fake_mode is not None else nullcontext():
+        ep = torch.export.export(wrapper, tuple(flat_tensors(args, kwargs)), strict=False)
+        return ep, ep.module()
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """A failing export prints its partial graph to stderr and logs warnings; the
+    capture attempt already records the error."""
+    logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logger.setLevel(level)

@@ -1,0 +1,176 @@
+"""One forward + backward of the real model: parameter gradients, where the autograd
+path is cut, and a readable diagnosis when an in-place op breaks the backward."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from inspector.context import Context
+from inspector.health.locate import is_user_file
+from inspector.health.outputs import float_outputs, make_loss
+from inspector.health.recorder import CutPoint, InplaceOp, recording
+from inspector.health.state import seeded
+from inspector.tracebacks import user_location as exc_location
+
+__all__ = ["GradStats", "BackwardRun", "InplaceError", "backward_once", "grad_stats"]
+
+
+@dataclass
+class GradStats:
+    norm: float  # over the finite entries
+    zero_fraction: float
+    nan_count: int
+    inf_count: int
+
+
+@dataclass
+class InplaceError:
+    message: str
+    op: str | None = None  # the in-place op that overwrote a saved tensor
+    module: str | None = None
+    location: str | None = None
+    source_line: str | None = None
+    forward_op: str | None = None  # the op whose saved tensor was overwritten
+    forward_location: str | None = None
+
+
+@dataclass
+class BackwardRun:
+    loss: str = ""
+    loss_value: float | None = None
+    backward_ran: bool = False
+    no_grad_path: bool = False  # forward ran, but nothing trainable reaches the loss
+    grads: dict[str, GradStats] = field(default_factory=dict)  # params whose grad is set
+    called: list[str] = field(default_factory=list)  # module paths, first-call order
+    cuts: list[CutPoint] = field(default_factory=list)
+    inplace: list[InplaceOp] = field(default_factory=list)
+    outputs_without_grad: list[str] = field(default_factory=list)
+    error: str | None = None
+    inplace_error: InplaceError | None = None
+
+
+def grad_stats(grad: torch.Tensor) -> GradStats:
+    g = grad.detach()
+    zero = 1.0 - torch.count_nonzero(g).item() / g.numel() if g.numel() else 0.0
+    norm = torch.linalg.vector_norm(g).item()
+    if math.isfinite(norm):  # the common case: one pass, no NaN/Inf to count
+        return GradStats(norm, zero, 0, 0)
+    finite = torch.isfinite(g)
+    norm = torch.linalg.vector_norm(torch.where(finite, g, 0).double()).item()
+    nan = int(torch.isnan(g).sum())
+    return GradStats(norm, zero, nan, int((~finite).sum()) - nan)
+
+
+def backward_once(ctx: Context) -> BackwardRun:
+    run = BackwardRun()
+    model = ctx.model
+    for param in model.parameters():
+        param.grad = None
+    seeded(ctx.options.seed)
+    try:
+        with recording(model, ctx.loaded.user_files) as rec:
+            output = ctx.inputs.call(model)
+    except Exception as exc:  # noqa: BLE001 - the user's forward; reported, not raised
+        run.error = f"forward failed{_at(ctx, exc)}: {type(exc).__name__}: {exc}"
+        return run
+    run.called, run.cuts, run.inplace = list(rec.called), rec.cuts, rec.inplace
+    if any(p.requires_grad for p in model.parameters()):
+        run.outputs_without_grad = [k for k, t in float_outputs(output) if not t.requires_grad]
+    try:
+        loss, run.loss = make_loss(output, ctx.inputs, ctx.loaded.loss_fn)
+    except Exception as exc:  # noqa: BLE001 - the user's loss_fn
+        run.error = f"loss_fn(output, inputs) failed{_at(ctx, exc)}: {type(exc).__name__}: {exc}"
+        return run
+    if loss is None:
+        run.error = run.loss
+        return run
+    if not loss.requires_grad:
+        run.no_grad_path = True
+        run.error = "the loss does not require grad: no parameter gradient reaches it"
+        return run
+    run.loss_value = float(loss.detach())
+    try:
+        loss.backward()
+        run.backward_ran = True
+    except RuntimeError as exc:
+        run.error = _backward_error(ctx, exc, run)
+    run.grads = {n: grad_stats(p.grad) for n, p in model.named_parameters() if p.grad is not None}
+    return run
+
+
+def _at(ctx: Context, exc: BaseException) -> str:
+    where = exc_location(exc, ctx.loaded.user_files)
+    return f" at {where[0]}" if where else ""
+
+
+def _backward_error(ctx: Context, exc: RuntimeError, run: BackwardRun) -> str:
+    if "modified by an inplace operation" not in str(exc):
+        return f"backward failed{_at(ctx, exc)}: {exc}"
+    run.inplace_error = diagnose_inplace(ctx, exc, run.inplace)
+    return run.inplace_error.message
+
+
+_PRODUCER = re.compile(r"output \d+ of (\w+?)(?:Backward\d*)?[,\s]")
+_DETECTED = re.compile(r"Error detected in (\w+?)(?:Backward\d*)?\. Traceback")
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in \S+\n\s+(.*)')
+
+
+def diagnose_inplace(ctx: Context, exc: RuntimeError, ops: list[InplaceOp]) -> InplaceError:
+    """Name the in-place op that overwrote a tensor backward needs, and where."""
+    match = _PRODUCER.search(str(exc))
+    producer = match.group(1) if match else None
+    detected, fwd_location = _anomaly_trace(ctx)
+    producer = producer or detected
+    culprit = next((op for op in ops if _strip(op.target_grad_fn) == producer), None)
+    culprit = culprit or (ops[-1] if ops else None)
+    info = InplaceError(message="", forward_op=producer, forward_location=fwd_location)
+    if culprit is not None:
+        info.op, info.module = culprit.op, culprit.module
+        info.location, info.source_line = culprit.location, culprit.source_line
+    info.message = _inplace_message(info)
+    return info
+
+
+def _strip(grad_fn: str | None) -> str | None:
+    return re.sub(r"Backward\d*$", "", grad_fn) if grad_fn else None
+
+
+def _inplace_message(info: InplaceError) -> str:
+    what = f"the in-place `{info.op}`" if info.op else "an in-place operation"
+    where = f" at {info.location}" if info.location else ""
+    module = f" in module '{info.module or '(root)'}'" if info.op else ""
+    line = f" (`{info.source_line}`)" if info.source_line else ""
+    saved = f"the output of `{info.forward_op}`" if info.forward_op else "a tensor"
+    fwd = f" computed at {info.forward_location}" if info.forward_location else ""
+    return (
+        f"backward failed: {what}{where}{module}{line} overwrote {saved}{fwd}, "
+        "which autograd saved for the backward pass"
+    )
+
+
+def _anomaly_trace(ctx: Context) -> tuple[str | None, str | None]:
+    """Rerun under anomaly mode: (failing backward op, user location of its forward)."""
+    model = ctx.model
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with torch.autograd.detect_anomaly(check_nan=False):
+                seeded(ctx.options.seed)
+                loss, _ = make_loss(ctx.inputs.call(model), ctx.inputs, ctx.loaded.loss_fn)
+                loss.backward()
+        except RuntimeError:
+            pass
+    for param in model.parameters():
+        param.grad = None
+    text = next((str(w.message) for w in caught if "Error detected in" in str(w.message)), "")
+    detected = _DETECTED.search(text)
+    frames = [(f, int(n), src) for f, n, src in _FRAME.findall(text)]
+    frames = [fr for fr in frames if is_user_file(fr[0], ctx.loaded.user_files)]
+    location = f"{os.path.basename(frames[-1][0])}:{frames[-1][1]}" if frames else None
+    return (detected.group(1) if detected else None), location

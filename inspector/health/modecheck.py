@@ -1,0 +1,68 @@
+"""Which modules behave differently in train() and eval(), and BatchNorm inputs."""
+
+from __future__ import annotations
+
+import functools
+import types
+from dataclasses import dataclass
+
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.dropout import _DropoutNd
+from torch.nn.modules.instancenorm import _InstanceNorm
+
+__all__ = ["mode_dependent", "reads_training", "BatchNormInput", "batchnorm_probe"]
+
+
+@functools.cache
+def reads_training(cls: type) -> bool:
+    """Does `cls.forward` (or a function nested in it) read `training`?"""
+    code = getattr(getattr(cls, "forward", None), "__code__", None)
+    stack = [code] if code is not None else []
+    while stack:
+        current = stack.pop()
+        if "training" in current.co_names:
+            return True
+        stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+    return False
+
+
+def _is_mode_dependent(module: nn.Module) -> bool:
+    if isinstance(module, _BatchNorm | _DropoutNd):
+        return True
+    if isinstance(module, _InstanceNorm):
+        return module.track_running_stats
+    return reads_training(type(module))
+
+
+def mode_dependent(model: nn.Module) -> list[str]:
+    """Paths of modules whose forward depends on train/eval mode ("" is the root)."""
+    return [path for path, module in model.named_modules() if _is_mode_dependent(module)]
+
+
+@dataclass
+class BatchNormInput:
+    path: str
+    type: str
+    shape: list[int]
+    values_per_channel: int  # batch x spatial: what the batch statistics are computed over
+
+
+def batchnorm_probe(model: nn.Module, seen: dict[str, BatchNormInput]) -> list:
+    """Forward pre-hooks recording each BatchNorm's first input; returns the handles."""
+
+    def hook_for(path: str):  # noqa: ANN202
+        def hook(module: nn.Module, args: tuple) -> None:
+            x = args[0] if args else None
+            if path in seen or x is None or x.dim() < 2:
+                return
+            values = x.numel() // max(x.shape[1], 1)
+            seen[path] = BatchNormInput(path, type(module).__name__, list(x.shape), values)
+
+        return hook
+
+    return [
+        m.register_forward_pre_hook(hook_for(p))
+        for p, m in model.named_modules()
+        if isinstance(m, _BatchNorm)
+    ]

@@ -1,0 +1,53 @@
+"""Gradients w.r.t. every node's output (hooks on the outputs' grads), and the first node,
+in backward order, whose output gradient holds NaN/Inf."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from inspector.context import Context
+from inspector.health.backprop import grad_stats
+from inspector.health.outputs import flat_tensors, make_loss
+from inspector.health.state import seeded
+from inspector.health.values import NodeRef, run_nodes
+
+__all__ = ["NodeGrads", "node_grads"]
+
+
+@dataclass
+class NodeGrads:
+    norms: dict[str, float] = field(default_factory=dict)
+    first_nan: str | None = None
+    method: str = ""
+
+
+def _first_grad_tensor(value: Any) -> torch.Tensor | None:
+    return next((t for _, t in flat_tensors(value) if t.requires_grad), None)
+
+
+def node_grads(ctx: Context) -> NodeGrads:
+    result = NodeGrads()
+
+    def on_value(ref: NodeRef, value: Any) -> None:
+        tensor = _first_grad_tensor(value)
+        if tensor is not None:
+            tensor.register_hook(lambda grad, name=ref.name: _record(result, name, grad))
+
+    seeded(ctx.options.seed)
+    output, result.method = run_nodes(ctx, on_value, on_reset=result.norms.clear)
+    loss, _ = make_loss(output, ctx.inputs, ctx.loaded.loss_fn)
+    if loss is not None and loss.requires_grad:
+        loss.backward()
+    return result
+
+
+def _record(result: NodeGrads, name: str, grad: torch.Tensor) -> None:
+    stats = grad_stats(grad)
+    if name in result.norms:  # a node whose output is read twice: the hook sees the sum
+        return
+    result.norms[name] = stats.norm
+    if result.first_nan is None and (stats.nan_count or stats.inf_count):
+        result.first_nan = name

@@ -1,0 +1,81 @@
+"""Value statistics of one tensor: range, zeros, NaN/Inf, dead ReLU features, saturated
+sigmoid/tanh, float16 overflow and bfloat16 precision loss."""
+
+from __future__ import annotations
+
+import torch
+
+from inspector.report import NumericStats
+
+__all__ = ["tensor_stats", "FP16_MAX", "MASK_ABS"]
+
+FP16_MAX = 65504.0
+# Masks built with torch.finfo(dtype).min are chosen per dtype (HF does so): not overflow.
+MASK_ABS = 1e38
+_SATURATION = 1e-3
+
+
+def tensor_stats(t: torch.Tensor, kind: str = "", min_samples: int = 8) -> NumericStats:
+    x = t.detach()
+    x = x.abs() if x.is_complex() else x
+    x = x if x.dtype == torch.float64 else x.float()
+    stats = NumericStats()
+    if not x.numel():
+        return stats
+    stats.zero_fraction = 1.0 - torch.count_nonzero(x).item() / x.numel()
+    values = x
+    if not torch.isfinite(x.sum()):  # rare: count and drop the NaN/Inf
+        finite = torch.isfinite(x)
+        stats.nan_count = int(torch.isnan(x).sum())
+        stats.inf_count = int((~finite).sum()) - stats.nan_count
+        values = x[finite]
+    _moments(stats, values)
+    if kind == "relu":
+        stats.dead_fraction = dead_fraction(x, min_samples)
+    elif kind in ("sigmoid", "tanh"):
+        stats.saturated_fraction = _saturated(values, kind)
+    return stats
+
+
+def _moments(stats: NumericStats, values: torch.Tensor) -> None:
+    if not values.numel():
+        return
+    stats.min, stats.max = values.min().item(), values.max().item()
+    magnitude = values.abs()
+    stats.fp16_overflow_count = int(((magnitude > FP16_MAX) & (magnitude < MASK_ABS)).sum())
+    if max(-stats.min, stats.max) >= MASK_ABS:  # mask constants would swamp mean and std
+        values = values[magnitude < MASK_ABS]
+    if values.numel():
+        stats.mean = values.double().mean().item()
+        stats.std = values.double().std(unbiased=False).item()
+        stats.bf16_error = _bf16_error(values, stats.std)
+
+
+def _bf16_error(values: torch.Tensor, std: float) -> float | None:
+    """rms(x - bf16(x)) / std(x); None for constants."""
+    if values.numel() < 2 or std == 0:
+        return None
+    error = values - values.bfloat16().to(values.dtype)
+    return torch.linalg.vector_norm(error).item() / (values.numel() ** 0.5) / std
+
+
+def dead_fraction(x: torch.Tensor, min_samples: int = 8) -> float | None:
+    """Share of features zero for the whole batch. Features: dim 1 of (B, F) and of
+    (B, C, ...) images, the last dim of (B, S, F) sequences."""
+    if x.dim() < 2:
+        return None
+    dim = x.dim() - 1 if x.dim() == 3 else 1
+    per_feature = x.movedim(dim, 0).reshape(x.shape[dim], -1)
+    if per_feature.shape[1] < min_samples:
+        return None  # with few values a feature can be all-zero by chance
+    return (per_feature != 0).any(dim=1).logical_not().double().mean().item()
+
+
+def _saturated(values: torch.Tensor, kind: str) -> float | None:
+    if not values.numel():
+        return None
+    if kind == "sigmoid":
+        near = (values < _SATURATION) | (values > 1 - _SATURATION)
+    else:
+        near = values.abs() > 1 - _SATURATION
+    return near.double().mean().item()

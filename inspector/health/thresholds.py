@@ -1,0 +1,39 @@
+"""Thresholds of the health verdicts, with the user's overrides from `Options.thresholds`."""
+
+from __future__ import annotations
+
+from inspector.context import Options
+
+__all__ = ["DEFAULTS", "GRADIENT_KEYS", "resolve"]
+
+DEFAULTS: dict[str, float] = {
+    # A layer whose grad norm is this many times smaller than the largest layer's.
+    "vanishing_ratio": 1e-5,
+    # A layer grad norm above this, or grad/weight norm above `exploding_ratio`
+    # (one SGD step at lr 0.1 would move the weight by more than its own size).
+    "exploding_norm": 1e3,
+    "exploding_ratio": 10.0,
+    # ReLU outputs: share of features that are zero for the whole batch.
+    "dead_fraction": 0.5,
+    "dead_min_samples": 8,  # fewer values per feature than this: no verdict (chance)
+    # Sigmoid/tanh outputs: share within 1e-3 of the bounds.
+    "saturated_fraction": 0.5,
+    # rms(x - bf16(x)) / std(x): the signal drowns in bf16 rounding noise.
+    "bf16_error": 0.05,
+    # Train vs eval: a node diverges when |train - eval| > atol + rtol * |eval|.
+    "mode_atol": 1e-5,
+    "mode_rtol": 1e-4,
+    # BatchNorm in train mode: fewer values per channel than this is a warning (1 is an error).
+    "bn_min_values": 8,
+    # A module holding this share of the saved activations is a checkpointing candidate.
+    "checkpoint_share": 0.3,
+}
+
+GRADIENT_KEYS = ("vanishing_ratio", "exploding_norm", "exploding_ratio")
+
+
+def resolve(options: Options) -> dict[str, float]:
+    """The defaults with the user's overrides (unknown keys kept, so typos show in reports)."""
+    merged = dict(DEFAULTS)
+    merged.update({k: float(v) for k, v in (getattr(options, "thresholds", None) or {}).items()})
+    return merged

@@ -1,0 +1,128 @@
+"""Run the forward once and hand every node's output to an observer.
+
+Two granularities: the captured fx/export graph (one value per op, run with a
+`torch.fx.Interpreter`), or module calls (forward hooks on the real model, one value per
+call). The graph names values like `ctx.report.nodes`; module calls are matched to the
+report's `call_module`/`module` nodes by path and call index.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from inspector.context import Context
+
+__all__ = ["NodeRef", "run_nodes", "graph_feed", "kind_of"]
+
+_KINDS = {
+    "relu": "relu",
+    "relu_": "relu",
+    "relu6": "relu",
+    "sigmoid": "sigmoid",
+    "sigmoid_": "sigmoid",
+    "tanh": "tanh",
+    "tanh_": "tanh",
+}
+_MODULE_KINDS = {nn.ReLU: "relu", nn.ReLU6: "relu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh"}
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    name: str
+    kind: str  # "relu", "sigmoid", "tanh" or ""
+    module_path: str | None
+
+
+OnValue = Callable[[NodeRef, Any], None]
+
+
+def kind_of(target: Any) -> str:
+    """'relu' for torch.relu, F.relu, 'relu_', aten.relu.default, nn.ReLU, ..."""
+    if isinstance(target, nn.Module):
+        return next((k for cls, k in _MODULE_KINDS.items() if isinstance(target, cls)), "")
+    name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
+    return next((_KINDS[p] for p in str(name).split(".") if p in _KINDS), "")
+
+
+def run_nodes(
+    ctx: Context, on_value: OnValue, *, graph: bool = True, on_reset: Callable[[], None] = None
+) -> tuple[Any, str]:
+    """Run the forward once; returns (output, "graph" | "modules"). When the graph does
+    not run on real values, `on_reset()` is called and the module calls are used."""
+    gm = ctx.capture.graph_module if ctx.capture is not None else None
+    feed = graph_feed(gm, ctx) if graph and gm is not None else None
+    if feed is not None:
+        try:
+            return _Observed(gm, ctx, on_value).run(*feed), "graph"
+        except Exception:  # noqa: BLE001 - a graph that only traces; the model still runs
+            if on_reset is not None:
+                on_reset()
+    return _run_modules(ctx, on_value), "modules"
+
+
+def graph_feed(gm: torch.fx.GraphModule, ctx: Context) -> list[Any] | None:
+    """Values for the graph's placeholders: by forward-parameter name (fx), else the
+    flattened inputs in order (export); None when neither fits."""
+    holders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    try:
+        bound = inspect.signature(ctx.model.forward).bind(*ctx.inputs.args, **ctx.inputs.kwargs)
+        named = dict(bound.arguments)
+        feed = [
+            named[h.target.lstrip("*")] if h.target.lstrip("*") in named else h.args[0]
+            for h in holders
+        ]
+        return feed
+    except (TypeError, ValueError, KeyError, IndexError):
+        pass
+    flat, _ = torch.utils._pytree.tree_flatten((ctx.inputs.args, ctx.inputs.kwargs))
+    return flat if len(flat) == len(holders) else None
+
+
+class _Observed(torch.fx.Interpreter):
+    def __init__(self, gm: torch.fx.GraphModule, ctx: Context, on_value: OnValue) -> None:
+        super().__init__(gm, garbage_collect_values=True)
+        self.on_value = on_value
+        self.paths = {n.name: n.module_path for n in ctx.report.nodes}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        result = super().run_node(n)
+        if n.op not in ("output", "get_attr"):
+            target = self.module.get_submodule(n.target) if n.op == "call_module" else n.target
+            path = self.paths.get(n.name, n.target if n.op == "call_module" else None)
+            self.on_value(NodeRef(n.name, kind_of(target), path), result)
+        return result
+
+
+def _module_node_names(ctx: Context) -> dict[str, list[str]]:
+    names: dict[str, list[str]] = {}
+    for node in ctx.report.nodes:
+        if node.op in ("call_module", "module") and node.module_path is not None:
+            names.setdefault(node.module_path, []).append(node.name)
+    return names
+
+
+def _run_modules(ctx: Context, on_value: OnValue) -> Any:
+    known = _module_node_names(ctx)
+    calls: dict[str, int] = {}
+
+    def hook_for(path: str):  # noqa: ANN202
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            k = calls[path] = calls.get(path, -1) + 1
+            names = known.get(path, [])
+            name = names[k] if k < len(names) else (path or "model") + (f"@{k}" if k else "")
+            on_value(NodeRef(name, kind_of(module), path), output)
+
+        return hook
+
+    handles = [m.register_forward_hook(hook_for(p)) for p, m in ctx.model.named_modules()]
+    try:
+        return ctx.inputs.call(ctx.model)
+    finally:
+        for handle in handles:
+            handle.remove()

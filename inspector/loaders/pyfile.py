@@ -1,0 +1,185 @@
+"""Load a model from a Python file: `model.py:Net` (a class) or `model.py:build` (a factory).
+
+The file is imported as a fresh module; its folder goes on `sys.path` so sibling modules
+(a folder extracted from a .zip) import. Optional in the same file: `example_inputs()`
+and `loss_fn(output, inputs)`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import itertools
+import os
+import re
+import sys
+import types
+from typing import Any
+
+import torch
+from torch import nn
+
+from inspector.context import LoadedModel
+from inspector.errors import LoadError
+from inspector.fakebuild import building_under
+from inspector.loaders.factories import ExampleFactory
+from inspector.loaders.usercode import syntax_error_location, user_code_error
+
+__all__ = ["split_source", "load_python"]
+
+_RESERVED = ("example_inputs", "loss_fn")
+_counter = itertools.count()
+
+
+def split_source(source: str) -> tuple[str, str | None]:
+    """("path/model.py", "Net") from "path/model.py:Net"; the entry is None when absent."""
+    match = re.fullmatch(r"(.+\.py):([A-Za-z_][\w.]*)?", source)
+    if match:
+        return match.group(1), match.group(2)
+    return source, None
+
+
+def load_python(path: str, entry: str | None, *, fake_mode: Any, device: str) -> LoadedModel:
+    """Import `path`, build `entry` (inside `fake_mode` when given) and move it to `device`."""
+    if not os.path.isfile(path):
+        raise LoadError(f"model file not found: {path}", hint="Check the path and try again.")
+    data = open(path, "rb").read()  # noqa: SIM115 - read once, closed by refcount
+    name = os.path.basename(path)
+    user_files = _user_paths(path)
+    module = _import(path, data, user_files)
+    factory = _entrypoint(module, name, entry)
+    # Built on `device` directly: no copy, and fake parameters cannot be swapped by .to().
+    with building_under(fake_mode, device):
+        model = _move(_build(factory, name, entry, user_files), device)
+    loaded = LoadedModel(
+        model=model,
+        source_kind="python",
+        source_name=f"{name}:{entry}",
+        sha256=hashlib.sha256(data).hexdigest(),
+        entrypoint=entry,
+        user_files=user_files,
+        fake_mode=fake_mode,
+    )
+    if callable(getattr(module, "example_inputs", None)):
+        loaded.inputs = ExampleFactory(module.example_inputs, model, user_files, name)
+    if callable(getattr(module, "loss_fn", None)):
+        loaded.loss_fn = module.loss_fn
+    return loaded
+
+
+def _move(model: nn.Module, device: str) -> nn.Module:
+    """`model.to(device)` unless it is there already (tensors made with an explicit device)."""
+    target = torch.device(device)
+    tensors = itertools.chain(model.parameters(), model.buffers())
+    if all(_same_device(t.device, target) for t in tensors):
+        return model
+    return model.to(device)
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (b.index is None or a.index == b.index)
+
+
+def _user_paths(path: str) -> list[str]:
+    """The file's folder (sibling modules are the user's too), unless that folder also
+    holds our own code or the Python environment; then only the file."""
+    path = os.path.realpath(path)
+    folder = os.path.dirname(path)
+    ours = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), sys.prefix]
+    ours.append(os.path.dirname(os.path.dirname(torch.__file__)))
+    if any(os.path.realpath(p).startswith(folder.rstrip(os.sep) + os.sep) for p in ours):
+        return [path]
+    return [folder]
+
+
+def _import(path: str, data: bytes, user_files: list[str]) -> types.ModuleType:
+    name = os.path.basename(path)
+    try:
+        code = compile(data, path, "exec")
+    except SyntaxError as exc:
+        location, line = syntax_error_location(exc)
+        raise LoadError(
+            f"{location}: syntax error in {name}: {exc.msg}" + (f"\n    {line}" if line else ""),
+            location=location,
+            hint="Fix the line above and upload again.",
+        ) from None
+    stem = re.sub(r"\W", "_", os.path.splitext(name)[0])
+    module = types.ModuleType(f"_inspector_user_{next(_counter)}_{stem}")
+    module.__file__ = os.path.abspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    sys.modules[module.__name__] = module  # dataclasses and pickling look the module up
+    try:
+        exec(code, module.__dict__)
+    except Exception as exc:
+        del sys.modules[module.__name__]
+        raise user_code_error(LoadError, f"importing {name}", exc, user_files) from exc
+    return module
+
+
+def _candidates(module: types.ModuleType) -> list[str]:
+    """Classes (nn.Module subclasses) and functions the file defines itself."""
+    names = []
+    for key, obj in vars(module).items():
+        if key.startswith("_") or key in _RESERVED:
+            continue
+        if getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if inspect.isfunction(obj) or (inspect.isclass(obj) and issubclass(obj, nn.Module)):
+            names.append(key)
+    return names
+
+
+def _entrypoint(module: types.ModuleType, name: str, entry: str | None) -> Any:
+    candidates = _candidates(module)
+    usable = [c for c in candidates if not _required_args(getattr(module, c))]
+    defined = f"(defined: {', '.join(candidates)})" if candidates else "(it defines no model)"
+    use = " or ".join(f"{name}:{c}" for c in usable)
+    hint = f"Use {use}." if usable else "Add a class or factory with no required arguments."
+    if entry is None:
+        raise LoadError(f"no entrypoint given for {name} {defined}.", hint=hint)
+    obj: Any = module
+    for part in entry.split("."):
+        obj = getattr(obj, part, None)
+    if obj is None:
+        raise LoadError(f"entrypoint '{entry}' not found in {name} {defined}.", hint=hint)
+    if not callable(obj):
+        raise LoadError(
+            f"entrypoint '{entry}' in {name} is a {type(obj).__name__}, not a class or function.",
+            hint=hint,
+        )
+    return obj
+
+
+def _required_args(obj: Any) -> list[str]:
+    try:
+        params = inspect.signature(obj).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+    return [p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
+
+
+def _build(factory: Any, name: str, entry: str | None, user_files: list[str]) -> nn.Module:
+    required = _required_args(factory)
+    if required:
+        raise LoadError(
+            f"{entry}() in {name} needs arguments: {', '.join(required)}.",
+            hint=f"Give them defaults, or add a factory such as `def make_model(): return "
+            f"{entry}(...)` and use {name}:make_model.",
+        )
+    try:
+        model = factory()
+    except Exception as exc:
+        raise user_code_error(LoadError, f"building {entry}()", exc, user_files) from exc
+    if not isinstance(model, nn.Module):
+        raise LoadError(
+            f"{entry}() in {name} returned a {type(model).__name__}, not an nn.Module.",
+            hint="The entrypoint must be an nn.Module class or a function returning one.",
+        )
+    return model

@@ -1,0 +1,224 @@
+"""Ground truth: what one real training step allocates, by the same definition as the
+estimate (see `step.py`).
+
+CPU: `torch.profiler` with `profile_memory=True` records every allocation and free with
+its size; the running sum over time is the live bytes, and everything counted (the copy
+of the weights, the inputs, the optimizer state) is allocated inside the profile.
+CUDA: `torch.cuda.max_memory_allocated` around the same step; the caching allocator
+rounds every block up to 512 bytes, which the estimate mirrors with `round_to=512`.
+
+The step runs on a deep copy, so the user's weights and buffers are untouched.
+Three windows, in this order: an inference forward (eval, no_grad; no optimizer state
+yet), a forward + loss whose output is then released (what stays is what autograd
+saved, plus the loss), and the training step after the optimizer's warm-up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from inspector.context import Inputs
+from inspector.memory.loss import compute_loss
+from inspector.memory.optimizer import make_optimizer
+from inspector.memory.shadow import clone_inputs, real_shadow
+from inspector.memory.step import StepOptions, unique_tensors, warm_up
+
+__all__ = ["Measurement", "measure", "relative_error"]
+
+
+@dataclass
+class Measurement:
+    method: str
+    device: str
+    forward_peak_bytes: int
+    saved_activation_bytes: int
+    train_peak_bytes: int
+    step_seconds: float  # wall time of the measured training step
+
+
+def relative_error(estimate: int | None, measured: int | None) -> float | None:
+    if estimate is None or not measured:
+        return None
+    return (estimate - measured) / measured
+
+
+def measure(model: nn.Module, inputs: Inputs, opts: StepOptions) -> Measurement:
+    meter: _Meter = _CudaMeter() if opts.device == "cuda" else _ProfilerMeter()
+    with meter.recording():
+        with meter.window("setup"):
+            shadow = real_shadow(model)
+            batch = clone_inputs(inputs)
+        with meter.window("forward"):
+            _inference(shadow, batch, opts)
+        with meter.window("saved"):
+            loss = _forward_and_release(shadow, batch, opts)
+        loss_bytes = _round(loss.untyped_storage().nbytes(), opts)
+        del loss  # the saved graph goes with it, before the step
+        trainable = [p for p in unique_tensors(shadow.parameters()) if p.requires_grad]
+        optimizer = make_optimizer(opts.optimizer, trainable)
+        warm_up(optimizer, trainable)
+        start = time.perf_counter()
+        with meter.window("step"):
+            _train_step(shadow, batch, opts, optimizer, trainable)
+        seconds = time.perf_counter() - start
+    return Measurement(
+        method=meter.method,
+        device=opts.device,
+        forward_peak_bytes=meter.peak("forward"),
+        saved_activation_bytes=meter.net("saved") - loss_bytes,
+        train_peak_bytes=meter.peak("step"),
+        step_seconds=seconds,
+    )
+
+
+def _autocast(opts: StepOptions):  # noqa: ANN202
+    if opts.autocast is None:
+        return nullcontext()
+    return torch.autocast(device_type=opts.device, dtype=opts.autocast)
+
+
+def _inference(model: nn.Module, batch: Inputs, opts: StepOptions) -> None:
+    model.eval()
+    with torch.no_grad(), _autocast(opts):
+        output = batch.call(model)
+        del output
+
+
+def _forward_and_release(model: nn.Module, batch: Inputs, opts: StepOptions) -> torch.Tensor:
+    """Forward + loss on a fresh copy of the inputs; only the loss is returned, so what
+    stays allocated is what autograd saved (and the loss)."""
+    model.train()
+    fresh = clone_inputs(batch)
+    with _autocast(opts):
+        return compute_loss(opts.loss_fn, fresh.call(model), fresh)
+
+
+def _round(n: int, opts: StepOptions) -> int:
+    return -(-n // opts.round_to) * opts.round_to
+
+
+def _train_step(
+    model: nn.Module,
+    batch: Inputs,
+    opts: StepOptions,
+    optimizer: torch.optim.Optimizer | None,
+    trainable: list[nn.Parameter],
+) -> None:
+    model.train()
+    with _autocast(opts):
+        loss = compute_loss(opts.loss_fn, batch.call(model), batch)
+    loss.backward()
+    if optimizer is not None:
+        optimizer.step()
+    for p in trainable:
+        p.grad = None
+
+
+class _Meter:
+    method = ""
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        yield
+
+    def window(self, name: str):  # noqa: ANN201
+        raise NotImplementedError
+
+    def peak(self, name: str) -> int:
+        raise NotImplementedError
+
+    def net(self, name: str) -> int:
+        raise NotImplementedError
+
+
+class _ProfilerMeter(_Meter):
+    """Allocation events from torch.profiler; live bytes = running sum of their sizes."""
+
+    method = "torch.profiler"
+
+    def __init__(self) -> None:
+        self.allocs: list[tuple[int, int]] = []  # (time_ns, +/- bytes)
+        self.ranges: dict[str, tuple[int, int]] = {}
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            yield
+        self._collect(prof)
+
+    def window(self, name: str):  # noqa: ANN201
+        return torch.profiler.record_function(f"inspector.{name}")
+
+    def _collect(self, prof: Any) -> None:
+        from torch._C._profiler import _EventType
+
+        stack = list(prof.profiler.kineto_results.experimental_event_tree())
+        while stack:
+            event = stack.pop()
+            stack.extend(event.children)
+            if event.tag == _EventType.Allocation:
+                self.allocs.append((event.start_time_ns, event.extra_fields.alloc_size))
+            elif event.name.startswith("inspector."):
+                self.ranges[event.name[10:]] = (event.start_time_ns, event.end_time_ns)
+        self.allocs.sort()
+
+    def _running(self, name: str) -> tuple[int, list[int]]:
+        start, end = self.ranges[name]
+        live, before, inside = 0, 0, []
+        for t, size in self.allocs:
+            live += size
+            if t < start:
+                before = live
+            elif t <= end:
+                inside.append(live)
+        return before, inside
+
+    def peak(self, name: str) -> int:
+        before, inside = self._running(name)
+        return max([before, *inside])
+
+    def net(self, name: str) -> int:
+        before, inside = self._running(name)
+        return (inside[-1] if inside else before) - before
+
+
+class _CudaMeter(_Meter):
+    """torch.cuda memory statistics, relative to what was allocated before we began."""
+
+    method = "cuda.max_memory_allocated"
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.peaks: dict[str, int] = {}
+        self.nets: dict[str, int] = {}
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        torch.cuda.synchronize()
+        self.base = torch.cuda.memory_allocated()
+        yield
+
+    @contextmanager
+    def window(self, name: str) -> Iterator[None]:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        yield
+        torch.cuda.synchronize()
+        self.peaks[name] = torch.cuda.max_memory_allocated() - self.base
+        self.nets[name] = torch.cuda.memory_allocated() - before
+
+    def peak(self, name: str) -> int:
+        return self.peaks[name]
+
+    def net(self, name: str) -> int:
+        return self.nets[name]

@@ -1,0 +1,193 @@
+"""One tracked training step and one tracked inference forward.
+
+The training step, the definition every figure here follows (and `measure.py` too):
+  before: parameters, buffers, the inputs and the optimizer state are resident (state
+  allocated lazily by an earlier `step()`, as real optimizers do); gradients are None
+  (`zero_grad(set_to_none=True)` ended the previous step).
+  step: forward (under autocast when asked) -> loss (the output is released, only the
+  loss is held) -> backward (gradients allocated) -> optimizer.step() ->
+  zero_grad(set_to_none=True).
+  peak: the most bytes live at any op of the step: params + buffers + inputs + optimizer
+  state + activations + gradients + temporaries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from inspector.context import Inputs
+from inspector.memory.labels import module_labels, tag_graph
+from inspector.memory.loss import compute_loss
+from inspector.memory.optimizer import make_optimizer, state_bytes_of
+from inspector.memory.saved import SavedTracker
+from inspector.memory.tracker import LiveTracker, Point, storage_key
+
+__all__ = ["StepOptions", "TrainResult", "ForwardResult", "train_step", "forward_run", "warm_up"]
+
+INPUT_LABEL = "(input)"
+LOSS_LABEL = "(loss)"
+OPTIMIZER_LABEL = "(optimizer.step)"
+
+
+@dataclass
+class StepOptions:
+    optimizer: str = "adamw"
+    autocast: torch.dtype | None = None  # bf16 / fp16 activations
+    device: str = "cpu"
+    round_to: int = 1  # 512 on CUDA
+    loss_fn: Callable[[Any, Inputs], torch.Tensor] | None = None
+    fake_mode: Any = None  # run under this FakeTensorMode
+    # Skip the optimizer: its state is this many bytes, resident (a cheaper re-run at
+    # another batch size or dtype; the optimizer phase does not depend on either).
+    resident_state_bytes: int | None = None
+
+
+@dataclass
+class TrainResult:
+    param_bytes: int
+    buffer_bytes: int
+    input_bytes: int
+    optimizer_bytes: int
+    grad_bytes: int
+    saved_bytes: int
+    saved_by_label: dict[str | None, int]
+    peak_bytes: int
+    peak_label: str | None
+    peak_phase: str
+    phase_peaks: dict[str, int]
+    points: list[Point] = field(default_factory=list)
+    saved: dict[int, tuple[int, str | None]] = field(default_factory=dict)  # key -> bytes, by
+    module_outputs: dict[str, set[int]] = field(default_factory=dict)  # path -> storage keys
+    module_output_bytes: dict[str, int] = field(default_factory=dict)  # path -> bytes
+
+
+@dataclass
+class ForwardResult:
+    peak_bytes: int
+    peak_label: str | None
+    points: list[Point]
+
+
+def unique_tensors(tensors: Any) -> list[torch.Tensor]:
+    """Each storage once (tied weights share one)."""
+    seen: dict[int, torch.Tensor] = {}
+    for t in tensors:
+        seen.setdefault(storage_key(t), t)
+    return list(seen.values())
+
+
+def warm_up(optimizer: torch.optim.Optimizer | None, params: list[nn.Parameter]) -> None:
+    """Allocate the optimizer's state the way its first step does, with zero gradients."""
+    if optimizer is None:
+        return
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _autocast(opts: StepOptions):  # noqa: ANN202
+    if opts.autocast is None:
+        return nullcontext()
+    return torch.autocast(device_type=opts.device, dtype=opts.autocast)
+
+
+def _register_static(tracker: LiveTracker, model: nn.Module, inputs: Inputs) -> dict[str, int]:
+    params = unique_tensors(model.parameters())
+    buffers = unique_tensors(model.buffers())
+    for t in params + buffers:
+        tracker.add(t, "static", "(parameters)")
+    tracker.add_all(inputs.tensors(), "input", INPUT_LABEL)
+    return {
+        "param": sum(t.untyped_storage().nbytes() for t in params),
+        "buffer": sum(t.untyped_storage().nbytes() for t in buffers),
+        "input": tracker.bytes_where("input"),
+    }
+
+
+def train_step(model: nn.Module, inputs: Inputs, opts: StepOptions) -> TrainResult:
+    """Run one tracked training step on `model` (mutated: use a shadow copy)."""
+    model.train()
+    trainable = [p for p in unique_tensors(model.parameters()) if p.requires_grad]
+    with opts.fake_mode or nullcontext():
+        optimizer = None
+        if opts.resident_state_bytes is None:
+            optimizer = make_optimizer(opts.optimizer, trainable)
+            warm_up(optimizer, trainable)
+        return _tracked_step(model, inputs, opts, optimizer, trainable)
+
+
+def _tracked_step(
+    model: nn.Module,
+    inputs: Inputs,
+    opts: StepOptions,
+    optimizer: torch.optim.Optimizer | None,
+    trainable: list[nn.Parameter],
+) -> TrainResult:
+    tracker = LiveTracker(round_to=opts.round_to)
+    static = _register_static(tracker, model, inputs)
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            tracker.add_all(list(state.values()), "static", OPTIMIZER_LABEL)
+    tracker.live += opts.resident_state_bytes or 0
+    exclude = {storage_key(t) for t in [*model.parameters(), *model.buffers()]}
+    tracker.mark(INPUT_LABEL)
+    with tracker, module_labels(model, tracker, tag=True) as calls:
+        with SavedTracker(tracker, exclude) as saved, _autocast(opts):
+            tracker.label = None
+            output = inputs.call(model)
+            tracker.label = LOSS_LABEL
+            loss = compute_loss(opts.loss_fn, output, inputs)
+            tag_graph(loss, LOSS_LABEL)
+            del output
+        tracker.mark(LOSS_LABEL)
+        tracker.set_phase("backward")
+        loss.backward()
+        grad_bytes = sum(p.grad.untyped_storage().nbytes() for p in trainable if p.grad is not None)
+        tracker.set_phase("optimizer")
+        tracker.label = OPTIMIZER_LABEL
+        if optimizer is not None:
+            optimizer.step()
+            tracker.mark(OPTIMIZER_LABEL)
+        for p in trainable:
+            p.grad = None
+        tracker.mark("(zero_grad)")
+    if opts.resident_state_bytes is not None:
+        tracker.phase_peaks.pop("optimizer", None)
+    return TrainResult(
+        param_bytes=static["param"],
+        buffer_bytes=static["buffer"],
+        input_bytes=static["input"],
+        optimizer_bytes=state_bytes_of(optimizer) + (opts.resident_state_bytes or 0),
+        grad_bytes=grad_bytes,
+        saved_bytes=saved.total_bytes,
+        saved_by_label=saved.by_producer(),
+        peak_bytes=tracker.peak,
+        peak_label=tracker.peak_label,
+        peak_phase=tracker.peak_phase,
+        phase_peaks=dict(tracker.phase_peaks),
+        points=tracker.timeline(),
+        saved=saved.saved,
+        module_outputs=calls.outputs,
+        module_output_bytes=calls.output_bytes,
+    )
+
+
+def forward_run(model: nn.Module, inputs: Inputs, opts: StepOptions) -> ForwardResult:
+    """One tracked inference forward: eval mode, under no_grad."""
+    model.eval()
+    tracker = LiveTracker(round_to=opts.round_to)
+    with opts.fake_mode or nullcontext():
+        _register_static(tracker, model, inputs)
+        tracker.mark(INPUT_LABEL)
+        with torch.no_grad(), tracker, module_labels(model, tracker, tag=False), _autocast(opts):
+            output = inputs.call(model)
+            del output
+            tracker.mark("(output released)")
+    return ForwardResult(tracker.peak, tracker.peak_label, tracker.timeline())

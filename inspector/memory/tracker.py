@@ -1,0 +1,156 @@
+"""Live-storage tracking: every tensor storage an op creates, until it is freed.
+
+A `TorchDispatchMode` sees each aten op's outputs; a storage not seen before is a new
+allocation (views and in-place ops share their input's storage). A weak reference on the
+storage tells us when it is freed. The same code runs on real and on fake tensors, so the
+count is what the step really allocates at the op level (kernel-internal scratch is not
+visible here). On CUDA the caching allocator rounds each block up to 512 bytes; pass
+`round_to=512` to count what `torch.cuda.memory_allocated` counts.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["LiveTracker", "Point", "storage_key", "storage_bytes", "CUDA_BLOCK_BYTES"]
+
+CUDA_BLOCK_BYTES = 512  # the caching allocator's smallest block and rounding step
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """Identity of the tensor's storage (shared by views and in-place results)."""
+    return t.untyped_storage()._cdata
+
+
+def storage_bytes(t: torch.Tensor, round_to: int = 1) -> int:
+    n = t.untyped_storage().nbytes()
+    return -(-n // round_to) * round_to if round_to > 1 else n
+
+
+@dataclass
+class Point:
+    """One timeline step: the live bytes after `label` ran, in `phase`."""
+
+    phase: str
+    label: str | None
+    live_bytes: int
+
+
+@dataclass
+class _Entry:
+    nbytes: int
+    producer: str | None  # label current when the storage was created
+    kind: str  # "static" (params, buffers, optimizer state), "input", "step"
+    ref: Any = None
+
+
+class LiveTracker(TorchDispatchMode):
+    """Counts live bytes; records the peak and a timeline of labelled points."""
+
+    def __init__(self, round_to: int = 1) -> None:
+        super().__init__()
+        self.round_to = round_to
+        self.entries: dict[int, _Entry] = {}
+        self.live = 0
+        self.phase = "forward"
+        self.label: str | None = None
+        self.peak = 0
+        self.peak_label: str | None = None
+        self.peak_phase = "forward"
+        self.points: list[Point] = []
+        self.phase_peaks: dict[str, int] = {}
+        self._last_backward: str | None = None
+        self.tag_backward = True  # label backward ops by their autograd node's tag
+
+    # -- registering storages -------------------------------------------------------------
+    def add(self, t: torch.Tensor, kind: str = "step", producer: str | None = None) -> None:
+        key = storage_key(t)
+        entry = self.entries.get(key)
+        if entry is not None:
+            self._maybe_resized(t, entry)
+            return
+        nbytes = storage_bytes(t, self.round_to)
+        entry = _Entry(nbytes, producer if producer is not None else self.label, kind)
+        entry.ref = weakref.ref(t.untyped_storage(), self._freed_cb(key))
+        self.entries[key] = entry
+        self.live += nbytes
+
+    def add_all(self, tensors: Any, kind: str, producer: str | None = None) -> None:
+        for t in tree_leaves(tensors):
+            if isinstance(t, torch.Tensor):
+                self.add(t, kind, producer)
+
+    def _freed_cb(self, key: int):  # noqa: ANN202 - a weakref callback
+        def freed(_ref: weakref.ref) -> None:
+            entry = self.entries.pop(key, None)
+            if entry is not None:
+                self.live -= entry.nbytes
+
+        return freed
+
+    def _maybe_resized(self, t: torch.Tensor, entry: _Entry) -> None:
+        nbytes = storage_bytes(t, self.round_to)
+        if nbytes != entry.nbytes:  # resize_ on an out= tensor
+            self.live += nbytes - entry.nbytes
+            entry.nbytes = nbytes
+
+    # -- the dispatch hook ----------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        label = self.label
+        if self.phase == "backward" and self.tag_backward:
+            label = _backward_label() or self._last_backward or label
+            if label != self._last_backward:  # a new autograd node: close the last one
+                if self._last_backward is not None:
+                    self.mark(self._last_backward)
+                self._last_backward = label
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.add(t, "step", label)
+        self._note_peak(label)
+        return out
+
+    def _note_peak(self, label: str | None) -> None:
+        if self.live > self.phase_peaks.get(self.phase, -1):
+            self.phase_peaks[self.phase] = self.live
+        if self.live > self.peak:
+            self.peak, self.peak_label, self.peak_phase = self.live, label, self.phase
+            self._peak_at = len(self.points)
+
+    def timeline(self) -> list[Point]:
+        """The marked points, with the peak itself inserted where it happened."""
+        points = list(self.points)
+        at = getattr(self, "_peak_at", None)
+        if at is not None:
+            points.insert(at, Point(self.peak_phase, self.peak_label, self.peak))
+        return points
+
+    def set_phase(self, phase: str) -> None:
+        if self.phase == "backward" and self._last_backward is not None:
+            self.mark(self._last_backward)
+        self.phase, self._last_backward = phase, None
+        self._note_peak(self.label)
+
+    # -- timeline -------------------------------------------------------------------------
+    def mark(self, label: str | None, phase: str | None = None) -> None:
+        """Record a timeline point: live bytes now, after `label` ran."""
+        self.points.append(Point(phase or self.phase, label, self.live))
+
+    def bytes_where(self, kind: str) -> int:
+        return sum(e.nbytes for e in self.entries.values() if e.kind == kind)
+
+    def producer_of(self, t: torch.Tensor) -> _Entry | None:
+        return self.entries.get(storage_key(t))
+
+
+def _backward_label() -> str | None:
+    node = torch._C._current_autograd_node()
+    if node is None:
+        return None
+    return node.metadata.get("inspector_label")

@@ -1,0 +1,141 @@
+"""Export readiness: does the model go through torch.export, TorchScript and ONNX?
+
+Each target is tried on the user's inputs; the report keeps pass/fail, the first line of
+the error and the user's line where the failure is in their code.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from inspector.context import Context
+from inspector.report import ExportTarget
+from inspector.tracebacks import user_location
+
+__all__ = ["run", "TARGETS"]
+
+_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def _export(strict: bool) -> Callable[[Context], Any]:
+    def attempt(ctx: Context) -> Any:
+        return torch.export.export(
+            ctx.model, tuple(ctx.inputs.args), dict(ctx.inputs.kwargs), strict=strict
+        )
+
+    return attempt
+
+
+def _script(ctx: Context) -> Any:
+    return torch.jit.script(ctx.model)
+
+
+def _trace(ctx: Context) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings are the user's to see, not ours
+        if ctx.inputs.kwargs:
+            return torch.jit.trace(
+                ctx.model, example_kwarg_inputs=dict(ctx.inputs.kwargs), strict=False
+            )
+        return torch.jit.trace(ctx.model, tuple(ctx.inputs.args), strict=False)
+
+
+def _onnx(ctx: Context) -> Any:
+    return torch.onnx.export(
+        ctx.model, tuple(ctx.inputs.args), kwargs=dict(ctx.inputs.kwargs), dynamo=True
+    )
+
+
+TARGETS: list[tuple[str, Callable[[Context], Any]]] = [
+    ("export-nonstrict", _export(strict=False)),
+    ("export-strict", _export(strict=True)),
+    ("torchscript-script", _script),
+    ("torchscript-trace", _trace),
+    ("onnx", _onnx),
+]
+
+
+def run(ctx: Context) -> None:
+    """Fill `report.export` with one entry per target."""
+    ctx.report.export.targets = [_try(ctx, name, attempt) for name, attempt in TARGETS]
+
+
+def _try(ctx: Context, name: str, attempt: Callable[[Context], Any]) -> ExportTarget:
+    skip = _skip_reason(ctx, name)
+    if skip:
+        return ExportTarget(target=name, ok=None, error=skip)
+    reused = _from_capture(ctx, name)
+    if reused is not None:
+        return reused
+    start = time.perf_counter()
+    was_training = ctx.model.training
+    try:
+        attempt(ctx)
+    except Exception as exc:  # any failure is the answer we report
+        return ExportTarget(
+            target=name,
+            ok=False,
+            error=_first_line(exc),
+            location=_location(exc, ctx.loaded.user_files),
+            seconds=round(time.perf_counter() - start, 3),
+        )
+    finally:
+        ctx.model.train(was_training)
+    return ExportTarget(target=name, ok=True, seconds=round(time.perf_counter() - start, 3))
+
+
+def _skip_reason(ctx: Context, name: str) -> str | None:
+    if ctx.options.fake:
+        return "not attempted: fake mode has no weights to export (run without --fake)"
+    if name == "onnx" and not all(importlib.util.find_spec(m) for m in ("onnx", "onnxscript")):
+        return "not attempted: install onnx and onnxscript to check ONNX export"
+    if ctx.loaded.source_kind == "torchscript" and name.startswith("torchscript"):
+        return "the model already is TorchScript"
+    return None
+
+
+def _from_capture(ctx: Context, name: str) -> ExportTarget | None:
+    """The capture stage already ran torch.export non-strict when fx failed: reuse it."""
+    if name != "export-nonstrict" or ctx.capture is None or ctx.capture.method != "export":
+        return None
+    attempt = next((a for a in ctx.capture.attempts if a.method == "export"), None)
+    if attempt is None or not attempt.ok:
+        return None
+    return ExportTarget(target=name, ok=True, seconds=attempt.seconds)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _first_line(exc: BaseException) -> str:
+    """The exception's first line, and its root cause's when it wraps one (ONNX does)."""
+    parts = []
+    seen = 0
+    while exc is not None and seen < 4:
+        text = _ANSI.sub("", str(exc)).strip() or type(exc).__name__
+        first = next((line for line in text.splitlines() if line.strip()), text)
+        parts.append(f"{type(exc).__name__}: {first[:300]}")
+        exc, seen = exc.__cause__, seen + 1
+    return parts[0] if len(parts) == 1 else f"{parts[0]} (caused by {parts[-1]})"
+
+
+def _location(exc: BaseException, user_files: list[str]) -> str | None:
+    found = user_location(exc, user_files)
+    if found:
+        return found[0]
+    # Dynamo and TorchScript name the user's line in the message, not in the traceback.
+    import os
+
+    users = [os.path.realpath(f) for f in user_files]
+    for path, line in _FILE_LINE.findall(str(exc)):
+        real = os.path.realpath(path)
+        if any(real == u or real.startswith(u.rstrip(os.sep) + os.sep) for u in users):
+            return f"{os.path.basename(path)}:{line}"
+    return None

@@ -1,0 +1,61 @@
+"""Gradient flow: one forward + backward, per-parameter and per-layer gradient health.
+
+The loss is the user's `loss_fn(output, inputs)`, else the sum over the floating outputs
+of mean(output**2) (see inspector.health.outputs.DEFAULT_LOSS). The model's modes,
+buffers, RNG state and `.grad`s are restored afterwards.
+"""
+
+from __future__ import annotations
+
+from inspector.context import Context
+from inspector.health.backprop import BackwardRun, backward_once
+from inspector.health.gradrows import layer_rows, module_grad_norms, param_rows
+from inspector.health.nodegrads import NodeGrads, node_grads
+from inspector.health.state import preserved
+from inspector.health.thresholds import GRADIENT_KEYS, resolve
+from inspector.report import Gradients
+
+__all__ = ["run", "FAKE_NOTE"]
+
+FAKE_NOTE = "not computed: fake tensors carry no values (run without --fake for gradients)"
+
+
+def run(ctx: Context) -> None:
+    section = ctx.report.gradients
+    th = resolve(ctx.options)
+    section.thresholds = {key: th[key] for key in GRADIENT_KEYS}
+    if ctx.options.fake:
+        section.computed, section.error = False, FAKE_NOTE
+        return
+    with preserved(ctx.model):
+        result = backward_once(ctx)
+        graded = _node_grads(ctx) if result.backward_ran else None
+    ctx.scratch["gradients.run"] = result
+    _fill(ctx, section, result, graded, th)
+
+
+def _node_grads(ctx: Context) -> NodeGrads | None:
+    try:
+        return node_grads(ctx)
+    except Exception as exc:  # noqa: BLE001 - per-node grads are extra; keep the rest
+        ctx.report.meta.warnings.append(f"gradients: per-node gradients skipped ({exc})")
+        return None
+
+
+def _fill(
+    ctx: Context, section: Gradients, result: BackwardRun, graded: NodeGrads | None, th: dict
+) -> None:
+    section.loss, section.loss_value, section.error = result.loss, result.loss_value, result.error
+    # Verdicts stand when backward ran, or when nothing reached the loss at all.
+    section.computed = result.backward_ran or result.no_grad_path
+    if not section.computed:
+        return
+    section.params = param_rows(ctx, result, th)
+    section.layers = layer_rows(ctx, result, section.params, th)
+    norms = module_grad_norms(section.params)
+    for module in ctx.report.modules:
+        module.grad_norm = norms.get(module.path)
+    if graded is not None:
+        for node in ctx.report.nodes:
+            node.grad_norm = graded.norms.get(node.name)
+        section.first_nan_node = graded.first_nan

@@ -1,0 +1,157 @@
+"""The graph pass: nodes (shapes, params, FLOPs), the module tree, and the totals.
+
+One recording run of the capture on the context's inputs (real, or fake under
+`ctx.fake_mode`), extra fake runs for symbolic dims, one fake forward + backward for
+backward FLOPs. Parameters come from the model itself, tied ones counted once.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from inspector.context import Context
+from inspector.errors import UserCodeError
+from inspector.graph.backward import measure_backward
+from inspector.graph.modules import build_modules, module_calls
+from inspector.graph.params import ParamTable, param_table
+from inspector.graph.records import NodeRecord
+from inspector.graph.runner import perturb_fake_mode, preserved_state, record_run
+from inspector.graph.symdims import apply_sym_shapes
+from inspector.graph.tensors import nbytes
+from inspector.report import Node, Totals
+from inspector.tracebacks import format_user_traceback, user_location
+
+__all__ = ["run"]
+
+
+def run(ctx: Context) -> None:
+    records = _main_records(ctx)
+    ctx.scratch["graph.records"] = records
+    _symbolic(ctx, records)
+    types = {p: type(m).__name__ for p, m in ctx.model.named_modules()}
+    ctx.report.nodes = [_node(i, r, types) for i, r in enumerate(records)]
+    table = param_table(ctx.model)
+    bwd_total, bwd = _backward(ctx, records)
+    calls = module_calls(records, hooks=ctx.capture is not None and ctx.capture.method == "hooks")
+    ctx.report.modules = build_modules(ctx.model, records, calls, table, bwd)
+    ctx.report.totals = _totals(ctx.model, table, records, bwd_total)
+    if ctx.report.modules:
+        ctx.report.modules[0].flops_backward = bwd_total  # the root is the whole model
+
+
+def _main_records(ctx: Context) -> list[NodeRecord]:
+    if ctx.capture is None or ctx.capture.method is None:
+        ctx.report.meta.warnings.append(
+            "no capture method worked: nodes, shapes and FLOPs are missing (see capture)."
+        )
+        return []
+    cached = ctx.scratch.pop("graph.records", None)
+    if ctx.capture.method == "hooks" and cached is not None:
+        return cached  # capture already ran the model with hooks
+    try:
+        with preserved_state(ctx.model, real=ctx.fake_mode is None):
+            return record_run(ctx, ctx.inputs, ctx.fake_mode)
+    except Exception as exc:
+        raise _run_error(ctx, exc) from exc
+
+
+def _run_error(ctx: Context, exc: Exception) -> UserCodeError:
+    """The captured graph traced, but running it on the inputs failed: the user's code
+    or inputs are at fault (a shape mismatch, usually)."""
+    files = ctx.loaded.user_files
+    where = user_location(exc, files)
+    node = getattr(exc, "inspector_where", None)
+    return UserCodeError(
+        f"the model raised {type(exc).__name__} while running on the inputs"
+        + (f" ({node})" if node else "")
+        + f": {str(exc).strip()[:1000]}",
+        hint="Check that the input shapes and dtypes fit the model's first layers.",
+        location=where[0] if where else getattr(exc, "inspector_location", None),
+        user_traceback=format_user_traceback(exc, files),
+    )
+
+
+def _symbolic(ctx: Context, records: list[NodeRecord]) -> None:
+    dims = dict(ctx.inputs.dims)
+    if not dims or not records:
+        return
+    mode = perturb_fake_mode(ctx)
+
+    def rerun(dim: str, value: int) -> list[NodeRecord] | None:
+        try:
+            with mode:
+                inputs = ctx.factory.build(dims={**dims, dim: value}, device=ctx.options.device)
+            with preserved_state(ctx.model, real=False):
+                return record_run(ctx, inputs, mode, main=False, count_flops=False)
+        except Exception:  # that dim stays concrete; the main run already worked
+            return None
+
+    by_name = ctx.capture.method == "export"
+    failed = apply_sym_shapes(records, dims, rerun, by_name)
+    if failed:
+        ctx.report.meta.warnings.append(
+            f"shapes with {', '.join(failed)} changed did not run: "
+            "those dims are shown as plain numbers."
+        )
+
+
+def _backward(ctx: Context, records: list[NodeRecord]) -> tuple[int, dict[str, int]]:
+    forward = sum(r.flops for r in records)
+    try:
+        with preserved_state(ctx.model, real=False):
+            return measure_backward(ctx.model, ctx.inputs, perturb_fake_mode(ctx))
+    except Exception as exc:
+        ctx.report.meta.warnings.append(
+            "backward FLOPs estimated as 2 x forward (a fake backward could not run: "
+            f"{type(exc).__name__}: {str(exc)[:200]})."
+        )
+    per_module: dict[str, int] = {}
+    for r in records:
+        path = r.module_path or ""
+        parts = path.split(".") if path else []
+        for k in range(len(parts) + 1):
+            prefix = ".".join(parts[:k])
+            per_module[prefix] = per_module.get(prefix, 0) + 2 * r.flops
+    return 2 * forward, per_module
+
+
+def _node(i: int, r: NodeRecord, types: dict[str, str]) -> Node:
+    return Node(
+        id=i,
+        name=r.name,
+        op=r.op,
+        target=r.target,
+        module_path=r.module_path,
+        module_type=types.get(r.module_path) if r.module_path is not None else None,
+        inputs=r.inputs,
+        input_tensors=r.in_tensors,
+        output_tensors=r.out_tensors,
+        location=r.location,
+        params=r.params,
+        flops=r.flops,
+        output_bytes=r.output_bytes,
+    )
+
+
+def _totals(
+    model: nn.Module, table: ParamTable, records: list[NodeRecord], bwd_total: int
+) -> Totals:
+    params = list(table.params.values())
+    count = sum(p.numel() for p in params)
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    by_dtype, bytes_by_dtype = table.by_dtype()
+    aliased = sum(table.params[c].numel() for c in table.aliases.values())
+    return Totals(
+        params=count,
+        trainable_params=trainable,
+        frozen_params=count - trainable,
+        tied_params=aliased,
+        buffers=sum(b.numel() for b in table.buffers.values()),
+        param_bytes=sum(nbytes(p) for p in params),
+        buffer_bytes=sum(nbytes(b) for b in table.buffers.values()),
+        params_by_dtype=by_dtype,
+        param_bytes_by_dtype=bytes_by_dtype,
+        flops_forward=sum(r.flops for r in records),
+        flops_backward=bwd_total,
+        output_bytes=sum(r.output_bytes for r in records),
+    )

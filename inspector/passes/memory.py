@@ -1,0 +1,174 @@
+"""Memory pass: static memory, saved activations, peaks, timeline, batch scaling, advice,
+and (real runs) the measured peak. See `inspector.memory` for how each figure is made."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from inspector.context import Context
+from inspector.memory import advice, scaling
+from inspector.memory.analysis import Analysis, analyse, batch_runs, fb_peak, rerun
+from inspector.memory.measure import measure, relative_error
+from inspector.memory.nodes import node_memory
+from inspector.memory.optimizer import optimizer_state_bytes
+from inspector.memory.shadow import fake_shadow
+from inspector.memory.step import unique_tensors
+from inspector.memory.timeline import downsample
+from inspector.report import BatchPoint, MeasuredMemory, Memory
+from inspector.units import ACCELERATOR_BUDGETS
+
+__all__ = ["run"]
+
+
+def run(ctx: Context) -> None:
+    mem = ctx.report.memory
+    mem.optimizer = ctx.options.optimizer
+    mem.activation_dtype = ctx.options.dtype
+    try:
+        a = analyse(ctx)
+    except Exception as exc:  # the model cannot train here; other passes say why
+        _warn(ctx, f"memory analysis skipped: {type(exc).__name__}: {_first_line(exc)}")
+        return
+    ctx.report.meta.warnings.extend(a.warnings)
+    ctx.scratch["memory"] = a
+    _static(ctx, mem, a)
+    _peaks(mem, a)
+    for name, part in _PARTS:
+        try:
+            part(ctx, mem, a)
+        except Exception as exc:  # one part failing keeps the rest of the section
+            _warn(ctx, f"memory {name}: {type(exc).__name__}: {_first_line(exc)}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _warn(ctx: Context, text: str) -> None:
+    ctx.report.meta.warnings.append(text)
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _static(ctx: Context, mem: Memory, a: Analysis) -> None:
+    params = unique_tensors(ctx.model.parameters())
+    by_dtype: dict[str, int] = {}
+    for t in params + unique_tensors(ctx.model.buffers()):
+        by_dtype[_dtype(t)] = by_dtype.get(_dtype(t), 0) + t.untyped_storage().nbytes()
+    for t in params:  # gradients: one per trainable parameter, in its dtype
+        if t.requires_grad:
+            by_dtype[_dtype(t)] += t.untyped_storage().nbytes()
+    state = optimizer_state_bytes(params, ctx.options.optimizer, ctx.options.device)
+    for dtype, nbytes in state.items():
+        by_dtype[dtype] = by_dtype.get(dtype, 0) + nbytes
+    mem.bytes_by_dtype = by_dtype
+    if params:
+        mem.param_dtype = max({_dtype(p) for p in params}, key=lambda d: by_dtype[d])
+    mem.param_bytes, mem.buffer_bytes = a.train.param_bytes, a.train.buffer_bytes
+    mem.grad_bytes, mem.optimizer_bytes = a.train.grad_bytes, a.train.optimizer_bytes
+
+
+def _peaks(mem: Memory, a: Analysis) -> None:
+    mem.saved_activation_bytes = a.train.saved_bytes
+    mem.forward_peak_bytes, mem.forward_peak_node = a.forward.peak_bytes, a.forward.peak_label
+    mem.train_peak_bytes, mem.train_peak_node = a.train.peak_bytes, a.train.peak_label
+    mem.train_peak_phase = a.train.peak_phase
+    mem.timeline = downsample(a.train.points)
+
+
+def _nodes(ctx: Context, mem: Memory, a: Analysis) -> None:
+    """Per node: saved bytes and live activation bytes after it."""
+    gm = ctx.capture.graph_module if ctx.capture is not None else None
+    if gm is not None and a.on_fake:
+        per = node_memory(fake_shadow(gm, a.opts.fake_mode), a.inputs, a.opts)
+        saved, live = per.saved_bytes, per.live_after
+        for node in ctx.report.nodes:
+            node.saved_bytes = saved.get(node.name, 0)
+            node.live_bytes_after = live.get(node.name)
+        return
+    static = a.train.param_bytes + a.train.buffer_bytes + a.train.optimizer_bytes
+    live = {p.label: p.live_bytes - static for p in a.train.points if p.phase == "forward"}
+    for node in ctx.report.nodes:  # hooks capture: one node per module call
+        if node.module_path is not None:
+            node.saved_bytes = a.train.saved_by_label.get(node.module_path, 0)
+            node.live_bytes_after = live.get(node.module_path)
+
+
+def _modules(ctx: Context, mem: Memory, a: Analysis) -> None:
+    subtree = advice.subtree_bytes(a.train.saved_by_label)
+    for module in ctx.report.modules:
+        module.saved_activation_bytes = subtree.get(module.path, 0)
+
+
+def _batch(ctx: Context, mem: Memory, a: Analysis) -> None:
+    if not a.on_fake:
+        _warn(ctx, "memory: batch scaling needs fake tensors; skipped")
+        return
+    runs = batch_runs(ctx, a)
+    if not runs:
+        return
+    name, _ = scaling.batch_size_of(ctx.factory, ctx.inputs)
+    mem.batch_dim = name or "dim 0 of the inputs"
+    mem.batch_scaling = [
+        BatchPoint(
+            batch=b,
+            forward_peak_bytes=f.peak_bytes,
+            train_peak_bytes=max(t.phase_peaks.values()),
+            saved_activation_bytes=t.saved_bytes,
+        )
+        for b, t, f in runs
+    ]
+    grows = scaling.fit_line([(b, fb_peak(t)) for b, t, _ in runs])
+    step = scaling.fit_line([(b, t.phase_peaks.get("optimizer", 0)) for b, t, _ in runs])
+    mem.fixed_bytes, mem.per_sample_bytes = round(grows.fixed), round(grows.per_sample)
+    budgets = sorted(set(ACCELERATOR_BUDGETS) | set(ctx.options.budgets_bytes))
+    mem.max_batch = {str(b): scaling.max_batch([grows, step], b) for b in budgets}
+    ctx.scratch["memory_lines"] = (grows, step)
+
+
+def _advice(ctx: Context, mem: Memory, a: Analysis) -> None:
+    mem.advice = advice.checkpoint_advice(a.model, a.train.saved, a.train.module_outputs)
+    float32 = any(p.dtype == torch.float32 for p in ctx.model.parameters())
+    if a.opts.autocast is None and float32 and a.on_fake:
+        bf16 = rerun(a, a.inputs, autocast=torch.bfloat16)
+        peak = max(fb_peak(bf16), a.train.phase_peaks.get("optimizer", 0))
+        mem.advice.append(
+            advice.autocast_advice(a.train.peak_bytes, a.train.saved_bytes, peak, bf16.saved_bytes)
+        )
+
+
+def _measured(ctx: Context, mem: Memory, a: Analysis) -> None:
+    if ctx.options.fake or not ctx.options.measure:
+        return
+    m = measure(ctx.model, ctx.inputs, a.opts if not a.on_fake else _real(a))
+    mem.measured = MeasuredMemory(
+        method=m.method,
+        device=m.device,
+        train_peak_bytes=m.train_peak_bytes,
+        saved_activation_bytes=m.saved_activation_bytes,
+        forward_peak_bytes=m.forward_peak_bytes,
+        train_peak_error=relative_error(mem.train_peak_bytes, m.train_peak_bytes),
+        saved_activation_error=relative_error(mem.saved_activation_bytes, m.saved_activation_bytes),
+    )
+    ctx.scratch["memory_measured"] = m
+
+
+def _real(a: Analysis) -> Any:
+    from dataclasses import replace
+
+    return replace(a.opts, fake_mode=None)
+
+
+_PARTS: list[tuple[str, Callable[[Context, Memory, Analysis], None]]] = [
+    ("per node", _nodes),
+    ("per module", _modules),
+    ("batch scaling", _batch),
+    ("advice", _advice),
+    ("measurement", _measured),
+]

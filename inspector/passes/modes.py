@@ -1,0 +1,105 @@
+"""Train vs eval: the same seeded input in train() and eval(); the modules whose forward
+depends on the mode, how far the outputs drift, the first node (module call) where the
+two runs diverge, and BatchNorm inputs too small for batch statistics. Modes, BatchNorm
+running stats and the RNG state are restored afterwards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from inspector.context import Context
+from inspector.health.modecheck import BatchNormInput, batchnorm_probe, mode_dependent
+from inspector.health.outputs import flat_tensors, float_outputs
+from inspector.health.state import preserved, seeded
+from inspector.health.thresholds import resolve
+from inspector.health.values import NodeRef, run_nodes
+from inspector.tracebacks import user_location
+
+__all__ = ["run", "FAKE_NOTE"]
+
+FAKE_NOTE = "not computed: fake tensors carry no values (run without --fake)"
+_MAX_KEPT_BYTES = 1 << 30  # node outputs kept from the train run to compare with eval
+
+
+@dataclass
+class _Run:
+    values: dict[str, torch.Tensor] = field(default_factory=dict)  # in forward order
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    kept_bytes: int = 0
+    error: str | None = None
+
+
+def run(ctx: Context) -> None:
+    section = ctx.report.modes
+    section.mode_dependent_modules = mode_dependent(ctx.model)
+    batchnorm: dict[str, BatchNormInput] = {}
+    ctx.scratch["modes.batchnorm"] = batchnorm
+    if ctx.options.fake:
+        section.error = FAKE_NOTE
+        return
+    with preserved(ctx.model):
+        handles = batchnorm_probe(ctx.model, batchnorm)
+        try:
+            train = _forward(ctx, training=True)
+        finally:
+            for handle in handles:
+                handle.remove()
+        evaluated = _forward(ctx, training=False)
+    section.error = train.error or evaluated.error
+    section.computed = section.error is None
+    if section.computed:
+        _compare(ctx, train, evaluated)
+
+
+def _forward(ctx: Context, training: bool) -> _Run:
+    result = _Run()
+    ctx.model.train(training)
+    seeded(ctx.options.seed)
+    try:
+        with torch.no_grad():
+            output, _ = run_nodes(ctx, lambda ref, v: _keep(result, ref, v), graph=False)
+    except Exception as exc:  # noqa: BLE001 - the user's forward; reported, not raised
+        where = user_location(exc, ctx.loaded.user_files)
+        at = f" at {where[0]}" if where else ""
+        mode = "train()" if training else "eval()"
+        result.error = f"forward in {mode} mode failed{at}: {type(exc).__name__}: {exc}"
+        return result
+    result.outputs = [t for _, t in float_outputs(output)]
+    return result
+
+
+def _keep(result: _Run, ref: NodeRef, value: Any) -> None:
+    tensor = next((t for _, t in flat_tensors(value) if t.is_floating_point()), None)
+    if tensor is None or ref.name in result.values or result.kept_bytes > _MAX_KEPT_BYTES:
+        return
+    result.values[ref.name] = tensor.detach().clone()
+    result.kept_bytes += tensor.numel() * tensor.element_size()
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.shape != b.shape:
+        return float("inf")
+    return (a.double() - b.double()).abs().nan_to_num(0.0).max().item() if a.numel() else 0.0
+
+
+def _compare(ctx: Context, train: _Run, evaluated: _Run) -> None:
+    th = resolve(ctx.options)
+    section = ctx.report.modes
+    diffs = [_max_diff(a, b) for a, b in zip(train.outputs, evaluated.outputs, strict=False)]
+    section.output_max_abs_diff = max(diffs, default=0.0)
+    by_name = {node.name: node for node in ctx.report.nodes}
+    for name, value in evaluated.values.items():
+        other = train.values.get(name)
+        if other is None:
+            continue
+        diff = _max_diff(other, value)
+        if name in by_name:
+            by_name[name].mode_divergence = diff
+        close = other.shape == value.shape and torch.allclose(
+            other, value, rtol=th["mode_rtol"], atol=th["mode_atol"], equal_nan=True
+        )
+        if not close and section.first_divergent_node is None:
+            section.first_divergent_node = name

@@ -1,0 +1,76 @@
+"""Numeric health: value statistics of every node's first floating output (`Node.stats`),
+the first node producing NaN/Inf, dead ReLUs, saturated sigmoid/tanh, mixed-precision
+hazards. One no-grad forward; the model's state is restored afterwards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from inspector.context import Context
+from inspector.health.outputs import flat_tensors
+from inspector.health.state import preserved, seeded
+from inspector.health.stats import tensor_stats
+from inspector.health.thresholds import resolve
+from inspector.health.values import NodeRef, run_nodes
+from inspector.report import NumericStats
+
+__all__ = ["run", "NumericsResult", "FAKE_NOTE"]
+
+FAKE_NOTE = "numerics: not computed, fake tensors carry no values (run without --fake)"
+
+
+@dataclass
+class NumericsResult:
+    computed: bool = False
+    method: str = ""  # "graph" or "modules"
+    stats: dict[str, NumericStats] = field(default_factory=dict)  # in forward order
+    kinds: dict[str, str] = field(default_factory=dict)
+    paths: dict[str, str | None] = field(default_factory=dict)
+    first_nan_node: str | None = None
+    error: str | None = None
+
+
+def run(ctx: Context) -> None:
+    result = NumericsResult()
+    ctx.scratch["numerics"] = result
+    if ctx.options.fake:
+        result.error = FAKE_NOTE
+        ctx.report.meta.warnings.append(FAKE_NOTE)
+        return
+    min_samples = int(resolve(ctx.options)["dead_min_samples"])
+    try:
+        with preserved(ctx.model), torch.no_grad():
+            seeded(ctx.options.seed)
+            _, result.method = run_nodes(
+                ctx,
+                lambda ref, value: _observe(result, ref, value, min_samples),
+                on_reset=lambda: _reset(result),
+            )
+    except Exception as exc:  # noqa: BLE001 - the user's forward; reported, not raised
+        result.error = f"numerics: forward failed: {type(exc).__name__}: {exc}"
+        ctx.report.meta.warnings.append(result.error)
+        return
+    result.computed = True
+    for node in ctx.report.nodes:
+        node.stats = result.stats.get(node.name, node.stats)
+
+
+def _observe(result: NumericsResult, ref: NodeRef, value: Any, min_samples: int) -> None:
+    tensor = next((t for _, t in flat_tensors(value) if t.is_floating_point()), None)
+    if tensor is None or ref.name in result.stats:
+        return
+    stats = tensor_stats(tensor, ref.kind, min_samples)
+    result.stats[ref.name] = stats
+    result.kinds[ref.name], result.paths[ref.name] = ref.kind, ref.module_path
+    if result.first_nan_node is None and (stats.nan_count or stats.inf_count):
+        result.first_nan_node = ref.name
+
+
+def _reset(result: NumericsResult) -> None:
+    result.stats.clear()
+    result.kinds.clear()
+    result.paths.clear()
+    result.first_nan_node = None

@@ -1,0 +1,9 @@
+"""Lint rules over a finished report: `run_rules(ctx)` -> findings. Each theme module
+registers its rules on import (see `registry`)."""
+
+from __future__ import annotations
+
+from inspector.rules import capture, gradients, memory, modes, numerics, structure  # noqa: F401
+from inspector.rules.registry import RULES, Rule, finding, rule, run_rules
+
+__all__ = ["RULES", "Rule", "finding", "rule", "run_rules"]

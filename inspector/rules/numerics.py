@@ -1,0 +1,112 @@
+"""Rules on activation values (`Node.stats`, from the numerics pass)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from inspector.context import Context
+from inspector.health.thresholds import resolve
+from inspector.report import Finding, NumericStats, Report
+from inspector.rules.registry import finding, rule
+
+_LIST = 5
+
+
+def _stats(ctx: Context) -> list[tuple[str, str, NumericStats]]:
+    """(node name, kind, stats) in forward order; empty when numerics did not run."""
+    result = ctx.scratch.get("numerics")
+    if result is None or not result.computed:
+        return []
+    return [(name, result.kinds.get(name, ""), s) for name, s in result.stats.items()]
+
+
+def _listed(names: list[str]) -> str:
+    more = f" and {len(names) - _LIST} more" if len(names) > _LIST else ""
+    return ", ".join(names[:_LIST]) + more
+
+
+@rule("nan-activation", "error")
+def nan_activation(ctx: Context, report: Report) -> Iterator[Finding]:
+    """The first node whose output holds NaN/Inf in the forward."""
+    result = ctx.scratch.get("numerics")
+    first = result.first_nan_node if result is not None else None
+    if first is None:
+        return
+    s = result.stats[first]
+    yield finding(
+        "nan-activation",
+        first,
+        f"node '{first}' is the first to produce NaN/Inf ({s.nan_count} NaN, {s.inf_count} "
+        "Inf); every node after it inherits them.",
+        "Check that node's inputs: division by zero, log/sqrt of non-positive values, "
+        "overflow (exp of large values); add an epsilon or clamp.",
+    )
+
+
+@rule("dead-relu", "warning")
+def dead_relu(ctx: Context, report: Report) -> Iterator[Finding]:
+    """ReLU outputs with a large share of features zero for the whole batch."""
+    limit = resolve(ctx.options)["dead_fraction"]
+    for name, kind, s in _stats(ctx):
+        if kind == "relu" and s.dead_fraction is not None and s.dead_fraction >= limit:
+            yield finding(
+                "dead-relu",
+                name,
+                f"{s.dead_fraction:.0%} of the features after '{name}' are zero for the whole "
+                "batch (dead ReLU units): they pass no gradient.",
+                "Check the initialisation and the bias of the layer before; consider "
+                "LeakyReLU/GELU or a lower learning rate.",
+            )
+
+
+@rule("saturated-activation", "warning")
+def saturated_activation(ctx: Context, report: Report) -> Iterator[Finding]:
+    """Sigmoid/tanh outputs mostly within 1e-3 of their bounds (gradient ~ 0)."""
+    limit = resolve(ctx.options)["saturated_fraction"]
+    for name, kind, s in _stats(ctx):
+        if s.saturated_fraction is not None and s.saturated_fraction >= limit:
+            yield finding(
+                "saturated-activation",
+                name,
+                f"{s.saturated_fraction:.0%} of the {kind} outputs of '{name}' lie within 1e-3 "
+                "of its bounds, where its gradient vanishes.",
+                "Scale the inputs down (normalisation before the activation, smaller "
+                "initial weights).",
+            )
+
+
+@rule("fp16-overflow", "warning")
+def fp16_overflow(ctx: Context, report: Report) -> Iterator[Finding]:
+    """Activations beyond the float16 range (65504): inf under fp16 mixed precision."""
+    nodes = [name for name, _, s in _stats(ctx) if s.fp16_overflow_count]
+    if not nodes:
+        return
+    severity = "warning" if ctx.options.dtype == "fp16" else "info"
+    yield finding(
+        "fp16-overflow",
+        nodes[0],
+        f"{len(nodes)} node(s) produce values beyond the float16 range (|x| > 65504): "
+        f"{_listed(nodes)}; under fp16 autocast they become inf.",
+        "Use bf16 autocast instead, or keep these ops in float32 (autocast excludes "
+        "them with `torch.autocast(..., enabled=False)`), or normalise earlier.",
+        severity=severity,
+    )
+
+
+@rule("bf16-precision", "warning")
+def bf16_precision(ctx: Context, report: Report) -> Iterator[Finding]:
+    """Activations whose spread drowns in bfloat16 rounding (large offset, small spread)."""
+    limit = resolve(ctx.options)["bf16_error"]
+    nodes = [n for n, _, s in _stats(ctx) if s.bf16_error is not None and s.bf16_error > limit]
+    if not nodes:
+        return
+    severity = "warning" if ctx.options.dtype == "bf16" else "info"
+    yield finding(
+        "bf16-precision",
+        nodes[0],
+        f"{len(nodes)} node(s) lose their signal in bfloat16 (rounding error above "
+        f"{limit:.0%} of their spread): {_listed(nodes)}.",
+        "Keep these values in float32 (subtract the offset first, or disable autocast "
+        "around them).",
+        severity=severity,
+    )

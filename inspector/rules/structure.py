@@ -1,0 +1,160 @@
+"""Structural rules: they read the model and the captured graph, never values, so they
+run in fake mode too."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from inspector.context import Context
+from inspector.report import Finding, Report
+from inspector.rules.registry import finding, rule
+
+_BIASED = (
+    nn.Linear,
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.ConvTranspose1d,
+    nn.ConvTranspose2d,
+    nn.ConvTranspose3d,
+)
+
+
+def _graph(ctx: Context) -> torch.fx.GraphModule | None:
+    return ctx.capture.graph_module if ctx.capture is not None else None
+
+
+def _module_pairs(ctx: Context) -> Iterator[tuple[str, nn.Module, str, nn.Module]]:
+    """(path, module, next path, next module): direct data flow in the fx graph, else
+    neighbours inside nn.Sequential."""
+    gm = _graph(ctx)
+    if gm is not None:
+        for node in gm.graph.nodes:
+            users = list(node.users)
+            if node.op == "call_module" and len(users) == 1 and users[0].op == "call_module":
+                a, b = node.target, users[0].target
+                yield a, gm.get_submodule(a), b, gm.get_submodule(b)
+        return
+    for path, module in ctx.model.named_modules():
+        if isinstance(module, nn.Sequential):
+            items = list(module.named_children())
+            prefix = f"{path}." if path else ""
+            for (na, a), (nb, b) in zip(items, items[1:], strict=False):
+                yield prefix + na, a, prefix + nb, b
+
+
+@rule("bias-before-batchnorm", "warning")
+def bias_before_batchnorm(ctx: Context, report: Report) -> Iterator[Finding]:
+    """A conv/linear bias right before BatchNorm: the BatchNorm subtracts it again."""
+    for path, module, next_path, following in _module_pairs(ctx):
+        if (
+            isinstance(module, _BIASED)
+            and module.bias is not None
+            and isinstance(following, _BatchNorm)
+        ):
+            yield finding(
+                "bias-before-batchnorm",
+                path,
+                f"{type(module).__name__} '{path}' has a bias and feeds {type(following).__name__}"
+                f" '{next_path}', which subtracts the batch mean: the bias "
+                f"({module.bias.numel()} parameters) is redundant.",
+                f"Build '{path}' with bias=False.",
+            )
+
+
+@rule("tensor-attribute", "warning")
+def tensor_attribute(ctx: Context, report: Report) -> Iterator[Finding]:
+    """Tensors kept as plain attributes: `.to()`, `.cuda()` and `state_dict` miss them."""
+    for path, module in ctx.model.named_modules():
+        for name, value in vars(module).items():
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+                where = f"{path}.{name}" if path else name
+                yield finding(
+                    "tensor-attribute",
+                    where,
+                    f"'{where}' is a plain tensor attribute of {type(module).__name__} "
+                    f"(shape {list(value.shape)}): `.to(device)` and `state_dict()` skip it.",
+                    f"Use self.register_buffer('{name}', tensor) (persistent=False if it "
+                    "should stay out of checkpoints), or nn.Parameter if it should train.",
+                )
+
+
+def _tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [*model.named_parameters(), *model.named_buffers()]
+
+
+@rule("mixed-devices", "error")
+def mixed_devices(ctx: Context, report: Report) -> Iterator[Finding]:
+    """Parameters and buffers on more than one device."""
+    first: dict[str, str] = {}
+    for name, tensor in _tensors(ctx.model):
+        first.setdefault(str(tensor.device), name)
+    if len(first) > 1:
+        listed = ", ".join(f"{dev} (e.g. {name})" for dev, name in first.items())
+        yield finding(
+            "mixed-devices",
+            list(first.values())[1].rpartition(".")[0],
+            f"parameters/buffers live on {len(first)} devices: {listed}.",
+            "Move the whole model with model.to(device) after building it; register "
+            "tensors as buffers so they move with it.",
+        )
+
+
+@rule("mixed-dtypes", "warning")
+def mixed_dtypes(ctx: Context, report: Report) -> Iterator[Finding]:
+    """Floating parameters/buffers in more than one dtype."""
+    first: dict[str, str] = {}
+    for name, tensor in _tensors(ctx.model):
+        if tensor.is_floating_point():
+            first.setdefault(str(tensor.dtype).replace("torch.", ""), name)
+    if len(first) > 1:
+        listed = ", ".join(f"{dt} (e.g. {name})" for dt, name in first.items())
+        yield finding(
+            "mixed-dtypes",
+            list(first.values())[1].rpartition(".")[0],
+            f"floating parameters/buffers use {len(first)} dtypes: {listed}.",
+            "Cast the model once with model.to(dtype), and use torch.autocast for mixed "
+            "precision instead of per-layer dtypes.",
+        )
+
+
+def _mutated_arg(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.Node | None:
+    """The input node that an in-place node overwrites, or None."""
+    if not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    if node.op == "call_module":
+        return node.args[0] if getattr(gm.get_submodule(node.target), "inplace", False) else None
+    if node.op == "call_function" and node.kwargs.get("inplace") is True:
+        return node.args[0]
+    explicit = node.op in ("call_method", "call_function") and name.endswith("_")
+    # `x.add_(1)` then reading `x` is the usual way to mutate; it is a hazard when the
+    # result is also used under another name (`y = x.add_(1)`), so both names alias.
+    if explicit and not name.startswith("_") and node.users:
+        return node.args[0]
+    return None
+
+
+@rule("inplace-read-later", "warning")
+def inplace_read_later(ctx: Context, report: Report) -> Iterator[Finding]:
+    """An in-place op overwrites a tensor that later nodes still read."""
+    gm = _graph(ctx)
+    if gm is None:
+        return
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    for node in gm.graph.nodes:
+        target = _mutated_arg(gm, node)
+        later = [u for u in target.users if order[u] > order[node]] if target is not None else []
+        if later:
+            yield finding(
+                "inplace-read-later",
+                node.name,
+                f"'{node.name}' overwrites '{target.name}' in place, but "
+                f"{', '.join(repr(u.name) for u in later[:3])} read(s) it afterwards and "
+                "see the modified value.",
+                "Use the out-of-place op (or inplace=False), or clone the tensor first.",
+            )

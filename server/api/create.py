@@ -1,0 +1,139 @@
+"""`POST /api/v1/reports`: check an upload, store it, record the job, queue it."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+from fastapi import APIRouter, File, Form, Request, UploadFile
+
+from server.api import queries
+from server.api.dispatch import enqueue, require_sandbox
+from server.api.errors import ApiError
+from server.api.formfields import parse_name, parse_options, parse_tags
+from server.api.inputcheck import check_input_file, check_input_spec, input_file_kind
+from server.api.modelcheck import check_model, model_kind, safe_filename
+from server.api.schemas import CreatedReport, ErrorResponse
+from server.api.views import job_urls
+from server.db import SessionDep
+from server.settings import Settings
+from server.storage import Staged, TooLarge, UploadStore, iter_file
+
+router = APIRouter(prefix="/api/v1", tags=["reports"])
+
+_ERRORS = {
+    413: {"model": ErrorResponse, "description": "upload over the size limit"},
+    422: {"model": ErrorResponse, "description": "the upload does not check out"},
+    503: {"model": ErrorResponse, "description": "no sandbox: uploads refused"},
+}
+
+
+@dataclass
+class StagedUpload:
+    staged: Staged
+    filename: str  # the safe name it will have in the job dir
+    kind: str
+
+
+def _stage(stack: ExitStack, store: UploadStore, upload: UploadFile, limit: int) -> Staged:
+    try:
+        return stack.enter_context(store.staging(iter_file(upload.file), limit))
+    except TooLarge as exc:
+        what = upload.filename or "upload"
+        raise ApiError(413, "too_large", f"{what} is larger than {exc.limit} bytes") from exc
+
+
+def _stage_model(
+    stack: ExitStack, store: UploadStore, settings: Settings, model: UploadFile, entry: str | None
+) -> tuple[StagedUpload, str]:
+    kind = model_kind(model.filename or "")
+    filename = safe_filename(model.filename, default=f"model.{kind}")
+    staged = _stage(stack, store, model, settings.max_upload_bytes)
+    entrypoint = check_model(
+        staged.path,
+        kind,
+        filename,
+        entry,
+        max_files=settings.max_zip_files,
+        max_bytes=settings.max_zip_uncompressed_bytes,
+        original_name=model.filename,
+    )
+    return StagedUpload(staged, filename, kind), entrypoint
+
+
+def _stage_input(
+    stack: ExitStack,
+    store: UploadStore,
+    settings: Settings,
+    spec: str | None,
+    file: UploadFile | None,
+) -> StagedUpload | None:
+    has_file = file is not None and bool(file.filename)
+    if spec and spec.strip() and has_file:
+        raise ApiError(
+            422,
+            "invalid",
+            "give either an input spec (input) or a tensor file (input_file), not both",
+        )
+    if spec and spec.strip():
+        check_input_spec(spec)
+    if not has_file:
+        return None
+    kind = input_file_kind(file.filename or "")
+    staged = _stage(stack, store, file, settings.max_upload_bytes)
+    filename = safe_filename(file.filename, default=f"input.{kind}")
+    check_input_file(staged.path, kind, filename)
+    return StagedUpload(staged, filename, kind)
+
+
+@router.post("/reports", status_code=201, response_model=CreatedReport, responses=_ERRORS)
+def create_report(
+    request: Request,
+    session: SessionDep,
+    model: UploadFile = File(description="the model: a .py file, a .zip of a package, a .pt2"),
+    entrypoint: str | None = Form(None, description="model.py:Net, pkg/model.py:Net in a zip"),
+    input: str | None = Form(None, description='input spec JSON, e.g. {"x": {"shape": [1, 8]}}'),
+    input_file: UploadFile | None = File(None, description="tensors: .pt or .safetensors"),
+    name: str | None = Form(None),
+    tags: list[str] = Form([], description="key=value, comma-separated or repeated"),
+    optimizer: str = Form("adamw"),
+    dtype: str = Form("float32"),
+    device: str | None = Form(None, description="auto, cpu or cuda"),
+    fake: bool = Form(False, description="fake tensors: no weights or activations allocated"),
+    budget: str | None = Form(None, description="memory budgets, e.g. 24GiB,80GiB"),
+) -> CreatedReport:
+    """Upload a model (and its input) to be inspected; returns the report's links."""
+    settings: Settings = request.app.state.settings
+    store: UploadStore = request.app.state.store
+    require_sandbox(settings)
+    tag_dict = parse_tags(tags)
+    options = parse_options(
+        optimizer=optimizer, dtype=dtype, device=device, fake=fake, budget=budget,
+        default_device=settings.device,
+    )  # fmt: skip
+    with ExitStack() as stack:
+        upload, entry = _stage_model(stack, store, settings, model, entrypoint)
+        tensors = _stage_input(stack, store, settings, input, input_file)
+        job_name = parse_name(name, default=entry if upload.kind != "pt2" else upload.filename)
+        for item in filter(None, (upload, tensors)):  # files first: a row never lacks its file
+            store.commit(item.staged)
+            queries.ensure_upload(
+                session, sha256=item.staged.sha256, size_bytes=item.staged.size_bytes,
+                filename=item.filename, kind=item.kind,
+            )  # fmt: skip
+    job = queries.add_job(
+        session,
+        tags=tag_dict,
+        name=job_name,
+        upload_sha256=upload.staged.sha256,
+        upload_filename=upload.filename,
+        upload_kind=upload.kind,
+        entrypoint=entry,
+        input_spec=input if input and input.strip() else None,
+        input_sha256=tensors.staged.sha256 if tensors else None,
+        input_filename=tensors.filename if tensors else None,
+        options=options,
+    )
+    session.commit()
+    enqueue(job.id, settings)
+    return CreatedReport(slug=job.slug, status=job.status, **job_urls(request, job.slug))

@@ -1,0 +1,90 @@
+"""Form fields of an upload besides the files: name, tags and analysis options."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inspector.units import parse_size
+from server.api.errors import ApiError
+
+__all__ = ["parse_tags", "parse_options", "parse_name", "OPTIMIZERS"]
+
+OPTIMIZERS = ("none", "sgd", "momentum", "adam", "adamw")
+_DTYPE_ALIASES = {
+    "float32": "float32", "fp32": "float32", "float": "float32",
+    "bf16": "bf16", "bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16",
+}  # fmt: skip
+DEVICES = ("auto", "cpu", "cuda")
+MAX_TAGS = 50
+
+
+def _invalid(message: str) -> ApiError:
+    return ApiError(422, "invalid", message)
+
+
+def parse_tags(values: list[str]) -> dict[str, str]:
+    """`key=value` items, comma-separated and/or repeated; a key may appear once."""
+    tags: dict[str, str] = {}
+    items = [p.strip() for v in values for p in v.split(",") if p.strip()]
+    for item in items:
+        key, sep, value = (s.strip() for s in item.partition("="))
+        if not sep or not key:
+            raise _invalid(f"tag {item!r}: write tags as key=value, e.g. branch=main")
+        if len(key) > 64 or len(value) > 256:
+            raise _invalid(f"tag {item!r}: keys are at most 64 characters, values 256")
+        if key in tags and tags[key] != value:
+            raise _invalid(f"tag {key!r} is given twice ({tags[key]!r} and {value!r})")
+        tags[key] = value
+    if len(tags) > MAX_TAGS:
+        raise _invalid(f"{len(tags)} tags; at most {MAX_TAGS}")
+    return tags
+
+
+def parse_name(name: str | None, default: str) -> str:
+    text = " ".join((name or "").split()) or default
+    if len(text) > 200:
+        raise _invalid("name: at most 200 characters")
+    return text
+
+
+def parse_options(
+    *,
+    optimizer: str,
+    dtype: str,
+    device: str | None,
+    fake: bool,
+    budget: str | None,
+    default_device: str,
+) -> dict[str, Any]:
+    """The options the job child hands to `inspector.analyze` (names of `Options` fields)."""
+    optimizer = optimizer.strip().lower()
+    if optimizer not in OPTIMIZERS:
+        raise _invalid(f"optimizer {optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
+    if dtype.strip().lower() not in _DTYPE_ALIASES:
+        raise _invalid(f"dtype {dtype!r}: use float32, bf16 or fp16")
+    device = (device or default_device).strip().lower()
+    if device not in DEVICES:
+        raise _invalid(f"device {device!r}: use auto, cpu or cuda")
+    return {
+        "optimizer": optimizer,
+        "dtype": _DTYPE_ALIASES[dtype.strip().lower()],
+        "device": device,
+        "fake": fake,
+        "budgets_bytes": _budgets(budget),
+    }
+
+
+def _budgets(text: str | None) -> list[int]:
+    budgets = []
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        try:
+            size = parse_size(part)
+        except ValueError as exc:
+            raise _invalid(f"budget: {exc}") from exc
+        if size <= 0:
+            raise _invalid(f"budget {part.strip()!r} must be positive")
+        budgets.append(size)
+    return budgets

@@ -1,0 +1,124 @@
+"""Reports: status and report, list, Markdown summary, re-run, delete."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import PlainTextResponse
+
+from server.api import queries
+from server.api.dispatch import enqueue, require_sandbox
+from server.api.errors import ApiError
+from server.api.formfields import parse_tags
+from server.api.schemas import CreatedReport, ErrorResponse, ReportDetail, ReportList
+from server.api.views import detail, job_urls, row
+from server.db import SessionDep
+from server.models import FINAL_STATUSES, JOB_STATUSES, Job
+from server.storage import UploadStore
+
+router = APIRouter(prefix="/api/v1", tags=["reports"])
+
+_404 = {404: {"model": ErrorResponse, "description": "no such report"}}
+_409 = {409: {"model": ErrorResponse, "description": "the report is not done yet"}}
+
+
+@router.get("/reports/{slug}", response_model=ReportDetail, responses=_404)
+def get_report(slug: str, request: Request, session: SessionDep) -> ReportDetail:
+    """A job's status, progress and error; the whole report once done."""
+    job = queries.get_job(session, slug=slug)
+    return detail(request, job, queries.queue_position(session, job=job))
+
+
+def _statuses(values: list[str]) -> list[str]:
+    statuses = [s.strip() for v in values for s in v.split(",") if s.strip()]
+    unknown = [s for s in statuses if s not in JOB_STATUSES]
+    if unknown:
+        allowed = ", ".join(JOB_STATUSES)
+        raise ApiError(422, "invalid", f"status {unknown[0]!r}: use one of {allowed}")
+    return statuses
+
+
+@router.get("/reports", response_model=ReportList)
+def list_reports(
+    request: Request,
+    session: SessionDep,
+    name: Annotated[str | None, Query(description="substring of the name, any case")] = None,
+    tag: Annotated[list[str] | None, Query(description="key=value; repeat for several")] = None,
+    status: Annotated[list[str] | None, Query(description="e.g. done or failed,timed_out")] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> ReportList:
+    """Reports, newest first, with their summary figures."""
+    jobs, total = queries.list_jobs(
+        session, name=name, tags=parse_tags(tag or []), statuses=_statuses(status or []),
+        limit=limit, offset=offset,
+    )  # fmt: skip
+    next_offset = offset + len(jobs) if offset + len(jobs) < total else None
+    items = [row(request, j) for j in jobs]
+    return ReportList(items=items, total=total, limit=limit, offset=offset, next_offset=next_offset)
+
+
+def done_report(job: Job) -> dict:
+    if job.status != "done" or job.report_json is None:
+        raise ApiError(
+            409, "not_done", f"report {job.slug!r} is not done (status: {job.status})",
+            {"status": job.status},
+        )  # fmt: skip
+    return job.report_json
+
+
+@router.get(
+    "/reports/{slug}/markdown",
+    response_class=PlainTextResponse,
+    responses={**_404, **_409, 200: {"content": {"text/markdown": {}}}},
+)
+def get_markdown(
+    slug: str,
+    request: Request,
+    session: SessionDep,
+    baseline: Annotated[str | None, Query(description="slug of a report to show deltas to")] = None,
+) -> Response:
+    """A compact Markdown summary, fit for a pull-request comment."""
+    from inspector.render.markdown import render_markdown
+    from inspector.report import Report
+
+    job = queries.get_job(session, slug=slug)
+    report = Report.model_validate(done_report(job))
+    base = None
+    if baseline:
+        base = Report.model_validate(done_report(queries.get_job(session, slug=baseline)))
+    text = render_markdown(report, link=job_urls(request, slug)["url"], baseline=base)
+    return Response(text, media_type="text/markdown; charset=utf-8")
+
+
+@router.post("/reports/{slug}/rerun", status_code=201, response_model=CreatedReport, responses=_404)
+def rerun_report(slug: str, request: Request, session: SessionDep) -> CreatedReport:
+    """Run a finished job again from its kept upload: a new job with a new slug."""
+    settings = request.app.state.settings
+    store: UploadStore = request.app.state.store
+    old = queries.get_job(session, slug=slug)
+    if old.status not in FINAL_STATUSES:
+        raise ApiError(409, "not_finished", f"report {slug!r} is still {old.status}")
+    for sha in filter(None, (old.upload_sha256, old.input_sha256)):
+        if not store.exists(sha):
+            raise ApiError(410, "gone", f"the upload of {slug!r} is no longer stored; upload again")
+    require_sandbox(settings)
+    job = queries.add_job(session, tags=old.tag_dict, **_copied_columns(old))
+    session.commit()
+    enqueue(job.id, settings)
+    return CreatedReport(slug=job.slug, status=job.status, **job_urls(request, job.slug))
+
+
+def _copied_columns(job: Job) -> dict:
+    names = ("name", "upload_sha256", "upload_filename", "upload_kind", "entrypoint")
+    names += ("input_spec", "input_sha256", "input_filename", "options")
+    return {n: getattr(job, n) for n in names}
+
+
+@router.delete("/reports/{slug}", status_code=204, responses=_404)
+def delete_report(slug: str, session: SessionDep) -> Response:
+    """Delete a report and its tags (the stored upload stays: others may share it)."""
+    session.delete(queries.get_job(session, slug=slug))
+    session.commit()
+    return Response(status_code=204)

@@ -1,0 +1,83 @@
+"""What one job child may use, and the `prlimit` prefix that sets the kernel's rlimits.
+
+The rlimits are set by /usr/bin/prlimit right before it execs bwrap (inherited by the
+sandbox), so the worker never forks with a `preexec_fn` while it runs threads.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Limits", "prlimit_prefix", "address_space_bytes"]
+
+MiB = 1024**2
+GiB = 1024**3
+# `import torch` maps ~0.7-1.5 GB it never touches; RLIMIT_AS counts it all.
+MIN_ADDRESS_SPACE_BYTES = 3 * GiB
+ADDRESS_SPACE_HEADROOM_BYTES = 1 * GiB
+
+
+@dataclass(frozen=True)
+class Limits:
+    wall_s: float = 600.0
+    memory_bytes: int = 8 * GiB  # resident set of the whole tree (watchdog) and RLIMIT_AS base
+    cpu_s: int = 1200
+    max_procs: int = 256
+    max_file_bytes: int = 1 * GiB  # RLIMIT_FSIZE, and what the child may add to its job dir
+    max_open_files: int = 1024
+    tmp_bytes: int = 256 * MiB  # the sandbox's /tmp (a tmpfs: RAM)
+    output_bytes: int = 256 * 1024  # stdout and stderr kept, each
+    max_job_files: int = 10_000  # files the child may create in its job dir
+    address_space: bool = True  # RLIMIT_AS; off for CUDA, whose driver maps huge ranges
+    poll_s: float = 0.1
+
+    @classmethod
+    def from_settings(cls, settings: Any, *, cuda: bool = False) -> Limits:
+        return cls(
+            wall_s=float(settings.job_timeout_s),
+            memory_bytes=int(settings.job_memory_bytes),
+            cpu_s=int(settings.job_cpu_s),
+            max_procs=int(settings.job_max_procs),
+            max_file_bytes=int(settings.job_max_file_bytes),
+            tmp_bytes=int(getattr(settings, "job_tmp_bytes", cls.tmp_bytes)),
+            output_bytes=int(getattr(settings, "job_output_bytes", cls.output_bytes)),
+            address_space=not cuda,
+        )
+
+
+def address_space_bytes(limits: Limits) -> int:
+    return max(limits.memory_bytes + ADDRESS_SPACE_HEADROOM_BYTES, MIN_ADDRESS_SPACE_BYTES)
+
+
+def prlimit_prefix(limits: Limits) -> list[str]:
+    """`prlimit --as=... -- ` ; soft CPU limit sends SIGXCPU, the hard one SIGKILL 5 s later."""
+    prlimit = shutil.which("prlimit") or "/usr/bin/prlimit"
+    args = [
+        prlimit,
+        f"--cpu={limits.cpu_s}:{limits.cpu_s + 5}",
+        f"--nofile={limits.max_open_files}",
+        f"--fsize={limits.max_file_bytes}",
+        "--core=0",
+    ]
+    if os.geteuid() != 0:
+        # RLIMIT_NPROC counts every task of the real uid (the worker's own too) and is
+        # not enforced for root at all; the watchdog and the pids cgroup count as well.
+        args.append(f"--nproc={limits.max_procs + _tasks_of_uid(os.geteuid())}")
+    if limits.address_space:
+        args.append(f"--as={address_space_bytes(limits)}")
+    return [*args, "--"]
+
+
+def _tasks_of_uid(uid: int) -> int:
+    """Threads (tasks) that `uid` runs now: what RLIMIT_NPROC compares against."""
+    count = 0
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and os.stat(f"/proc/{name}").st_uid == uid:
+                count += len(os.listdir(f"/proc/{name}/task"))
+        except OSError:
+            continue
+    return count

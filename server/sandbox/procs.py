@@ -1,0 +1,75 @@
+"""The child's process tree, read from /proc (no psutil): who is in it, how much memory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from dataclasses import dataclass
+
+__all__ = ["TreeUsage", "tree_pids", "tree_usage", "kill_tree"]
+
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class TreeUsage:
+    pids: tuple[int, ...]
+    rss_bytes: int  # summed over processes: shared pages count once per process
+
+
+def _parent_map() -> dict[int, list[int]]:
+    """ppid -> children, for every process we can see."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        ppid = _ppid(int(name))
+        if ppid is not None:
+            children.setdefault(ppid, []).append(int(name))
+    return children
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:  # gone between listdir and open
+        return None
+    # The command name may hold spaces and parentheses: split after the last ")".
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[1]) if len(fields) > 1 else None
+
+
+def tree_pids(root: int) -> list[int]:
+    """`root` and all its descendants (orphans inside the sandbox are reparented to its
+    pid-namespace init, which is itself a descendant, so the tree stays whole)."""
+    children = _parent_map()
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, ()))
+    return found
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * PAGE_BYTES
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def tree_usage(root: int) -> TreeUsage:
+    pids = tree_pids(root)
+    return TreeUsage(tuple(pids), sum(_rss_bytes(pid) for pid in pids))
+
+
+def kill_tree(root: int, pids: list[int] | tuple[int, ...] = ()) -> None:
+    """SIGKILL the process group of `root` and every pid of its tree still there."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(root, signal.SIGKILL)  # started with start_new_session: pgid == pid
+    for pid in set(pids) | set(tree_pids(root)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)

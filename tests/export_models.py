@@ -1,0 +1,38 @@
+"""Models for the export-readiness tests (their line numbers are asserted: keep them stable)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Clean(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+class Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.mean() > 0:  # BRANCH_LINE: data-dependent control flow
+            return self.fc(x)
+        return -self.fc(x)
+
+
+class Unscriptable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x, scale=None):  # no annotations: TorchScript takes `scale` for a Tensor
+        y = self.fc(x)
+        if scale is not None:
+            y = y * scale
+        return y

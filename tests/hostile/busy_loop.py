@@ -1,0 +1,4 @@
+"""Hostile: loops forever."""
+
+while True:
+    pass

@@ -1,0 +1,5 @@
+"""Hostile: crashes the interpreter."""
+
+import ctypes
+
+ctypes.string_at(0)  # line 5

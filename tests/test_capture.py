@@ -1,0 +1,151 @@
+"""Capture: fx, then torch.export, then hooks; every attempt recorded with the user's line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import models
+import pytest
+import torch
+from graph_helpers import MODELS, inspect_ctx, make_ctx, run_model
+from torch import nn
+
+from inspector.capture import capture_graph
+
+THIS = str(Path(__file__))
+
+
+def _line_of(path: str, text: str) -> int:
+    """1-based line number of `text` in `path`: found independently of the tracebacks."""
+    lines = Path(path).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+@pytest.mark.parametrize("fake", [False, True])
+def test_data_dependent_fx_fails_at_the_if_line_and_hooks_succeed(fake: bool) -> None:
+    report = run_model("data_dependent", fake=fake, B=4)
+    fx, export, hooks = report.capture.attempts
+    line = _line_of(models.__file__, "if h.sum() > 0:")
+    assert (fx.method, fx.ok) == ("fx", False)
+    assert fx.location == f"models.py:{line}"
+    assert fx.source_line.startswith("if h.sum() > 0:")
+    assert fx.error_type == "TraceError"
+    assert (export.method, export.ok) == ("export", False)
+    assert export.location == f"models.py:{line}"  # export's data-dependent guard, same line
+    assert (hooks.method, hooks.ok) == ("hooks", True)
+    assert report.capture.method == "hooks"
+    # one node per module call: the root, a, b
+    assert [(n.op, n.name) for n in report.nodes] == [
+        ("module", "model"),
+        ("module", "a"),
+        ("module", "b"),
+    ]
+    # b: Linear(8, 4) on [B, 8] -> [B, 4]
+    assert report.module("b").output_shapes == [[4, 4]] or report.module("b").output_shapes == [
+        ["B", 4]
+    ]
+
+
+def test_gpt2_fx_fails_export_succeeds() -> None:
+    report = run_model("gpt2", B=2, S=8)
+    fx, export = report.capture.attempts
+    assert not fx.ok and "co_varnames" in fx.error
+    assert export.ok and report.capture.method == "export"
+    assert report.capture.node_count > 50
+    # logits [B, S, vocab]
+    assert report.module("").output_shapes[0] == ["B", "S", 100]
+
+
+class Gate(nn.Module):
+    """fx cannot trace this block (it reads a value); its parent is fine."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        if y.mean() > 100:  # never true; fx cannot know
+            y = y * 0
+        return y
+
+
+class WithGate(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Linear(4, 6)
+        self.gate = Gate()
+        self.post = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.post(torch.relu(self.gate(self.pre(x))))
+
+
+def _with_gate_ctx(fake: bool = False):
+    return make_ctx(
+        WithGate, lambda B: ((torch.randn(B, 4),), {}), {"B": 3}, fake=fake, user_files=(THIS,)
+    )
+
+
+@pytest.mark.parametrize("fake", [False, True])
+def test_fx_keeps_an_untraceable_submodule_as_a_leaf(fake: bool) -> None:
+    report = inspect_ctx(_with_gate_ctx(fake))
+    (fx,) = report.capture.attempts
+    assert fx.ok and report.capture.method == "fx"
+    assert "'gate'" in fx.error and "kept whole" in fx.error
+    assert fx.location == f"test_capture.py:{_line_of(THIS, 'if y.mean() > 100:')}"
+    gate = [n for n in report.nodes if n.op == "call_module" and n.target == "gate"]
+    assert len(gate) == 1 and gate[0].output_tensors[0].shape == [3, 6]
+    # the rest of the graph is kept: pre, relu, post around the gate
+    assert [n.target for n in report.nodes if n.op == "call_module"] == ["pre", "gate", "post"]
+    # FLOPs of the leaf are still measured: 2 * B * 6 * 6 = 2 * 3 * 36 = 216
+    assert gate[0].flops == 216
+
+
+def test_dict_in_tuple_out_traces_with_fx() -> None:
+    report = run_model("dict_in_tuple_out", B=4)
+    assert report.capture.method == "fx"
+    root = report.module("")
+    # image Linear(16, 8) on [B, 16]; tokens [B, 5] -> Embedding(100, 8) -> mean(1) -> [B, 8]
+    assert root.output_shapes == [["B", 8], ["B", 8]]
+    assert root.input_shapes == [["B", 16], ["B", 5]]
+    assert report.module("text").output_shapes == [["B", 5, 8]]
+
+
+class Broken(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = int(x.shape[1]) + 1  # fx: a Proxy has no int value
+        return self.lin(x) @ torch.ones(n, n)  # shapes do not fit
+
+
+@pytest.mark.parametrize("fake", [False, True])
+def test_every_method_failing_is_reported_with_the_users_line(fake: bool) -> None:
+    ctx = make_ctx(
+        Broken, lambda B: ((torch.randn(B, 4),), {}), {"B": 2}, fake=fake, user_files=(THIS,)
+    )
+    result = capture_graph(ctx)
+    assert result.method is None
+    assert [a.method for a in result.attempts] == ["fx", "export", "hooks"]
+    fx, export, hooks = result.attempts
+    assert not fx.ok and fx.location == f"test_capture.py:{_line_of(THIS, 'n = int(x.shape[1])')}"
+    line = _line_of(THIS, "@ torch.ones(n, n)")
+    assert not hooks.ok and hooks.location == f"test_capture.py:{line}"
+    assert hooks.source_line.startswith("return self.lin(x) @ torch.ones(n, n)")
+    assert not export.ok and export.location == f"test_capture.py:{line}"
+    report = inspect_ctx(ctx)  # the graph pass still gives the module tree and params
+    assert report.nodes == [] and report.totals.params == 4 * 4 + 4
+    assert any("no capture method" in w for w in report.meta.warnings)
+
+
+def test_attempts_are_timed() -> None:
+    report = run_model("mlp", B=2)
+    (fx,) = report.capture.attempts
+    assert fx.ok and fx.error is None and 0 < fx.seconds < 30
+
+
+def test_every_test_model_captures() -> None:
+    assert set(MODELS) == set(models.ALL)  # the table covers every shared test model

@@ -1,0 +1,66 @@
+"""Through HTTP with the real server, worker and sandbox: upload, poll, get the report.
+
+SQLite (database and queue) by default; the same on Postgres, and with the Redis queue.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import httpx
+import pytest
+from hostile.kit import TINY_MODEL, fresh_postgres
+from hostile.server import running_server, upload, wait_final
+
+from server.sandbox import sandbox_available
+
+pytestmark = pytest.mark.skipif(not sandbox_available()[0], reason=sandbox_available()[1])
+
+
+def _upload_and_check(url: str) -> None:
+    response = upload(url, TINY_MODEL, name="tiny", tags="branch=main")
+    assert response.status_code == 201, response.text
+    slug = response.json()["slug"]
+    body = wait_final(url, slug)
+    assert body["status"] == "done", body.get("error")
+    assert body["params"] == 8 * 4 + 4  # Linear(8, 4)
+    assert body["flops_forward"] == 2 * 2 * 8 * 4  # 2 * B * in * out, B = 2 from example_inputs
+    report = body["report"]
+    assert report["status"] == "done" and report["capture"]["method"] is not None
+    assert report["totals"]["params"] == 36
+    # The report is reachable by its slug, immutable JSON, also as Markdown.
+    again = httpx.get(f"{url}/api/v1/reports/{slug}", timeout=30).json()
+    assert again["report"] == report
+    markdown = httpx.get(f"{url}/api/v1/reports/{slug}/markdown", timeout=30)
+    assert markdown.status_code == 200 and "36" in markdown.text
+
+
+def test_upload_to_report_sqlite(tmp_path):
+    with running_server(tmp_path / "data", INSPECTOR_DEVICE="cpu") as url:
+        _upload_and_check(url)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_upload_to_report_postgres(tmp_path, postgres_url):
+    with fresh_postgres(postgres_url) as db_url:
+        env = {"INSPECTOR_DATABASE_URL": db_url, "INSPECTOR_DEVICE": "cpu"}
+        with running_server(tmp_path / "data", **env) as url:
+            _upload_and_check(url)
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+def test_upload_to_report_with_the_redis_queue(tmp_path, redis_url):
+    import redis
+
+    queue = f"inspector-test-{secrets.token_hex(4)}"
+    env = {"INSPECTOR_REDIS_URL": redis_url, "INSPECTOR_QUEUE_NAME": queue}
+    try:
+        with running_server(tmp_path / "data", INSPECTOR_DEVICE="cpu", **env) as url:
+            _upload_and_check(url)
+        assert not (tmp_path / "data" / "queue.db").exists()  # the queue lived in Redis
+    finally:
+        client = redis.Redis.from_url(redis_url)
+        for key in client.scan_iter(f"*{queue}*"):
+            client.delete(key)

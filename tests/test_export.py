@@ -1,0 +1,64 @@
+"""Export readiness: torch.export strict/non-strict, TorchScript script/trace, ONNX."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import export_models
+import pytest
+import torch
+
+from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options
+from inspector.passes import export
+from inspector.report import Report
+
+USER_FILE = str(Path(export_models.__file__))
+BRANCH_LINE = next(
+    i for i, line in enumerate(Path(USER_FILE).read_text().splitlines(), 1) if "BRANCH_LINE" in line
+)
+HAS_ONNX = all(importlib.util.find_spec(m) for m in ("onnx", "onnxscript"))
+
+
+def _run(model: torch.nn.Module, fake: bool = False) -> dict[str, object]:
+    loaded = LoadedModel(model, "python", "export_models.py", user_files=[USER_FILE])
+    inputs = Inputs((torch.randn(2, 8),), {})
+    ctx = Context(loaded, InputFactory(), inputs, Options(fake=fake), Report())
+    export.run(ctx)
+    return {t.target: t for t in ctx.report.export.targets}
+
+
+def test_clean_model_exports_everywhere() -> None:
+    targets = _run(export_models.Clean())
+    for name in ("export-nonstrict", "export-strict", "torchscript-script", "torchscript-trace"):
+        assert targets[name].ok is True, targets[name].error
+    assert targets["onnx"].ok is (True if HAS_ONNX else None)
+
+
+def test_data_dependent_branch_fails_strict_export_at_the_users_line() -> None:
+    targets = _run(export_models.Branchy())
+    strict = targets["export-strict"]
+    assert strict.ok is False
+    assert strict.location == f"export_models.py:{BRANCH_LINE}"
+    # Tracing follows one branch silently: it "works", which is why script exists.
+    assert targets["torchscript-trace"].ok is True
+
+
+def test_unannotated_optional_argument_fails_scripting() -> None:
+    targets = _run(export_models.Unscriptable())
+    script = targets["torchscript-script"]
+    assert script.ok is False
+    assert "scale" in script.error
+    assert targets["export-strict"].ok is True
+
+
+def test_fake_mode_skips_with_a_reason() -> None:
+    targets = _run(export_models.Clean(), fake=True)
+    assert all(t.ok is None and "fake" in t.error for t in targets.values())
+
+
+@pytest.mark.skipif(not HAS_ONNX, reason="onnx and onnxscript are not installed")
+def test_onnx_failure_names_the_cause() -> None:
+    onnx = _run(export_models.Branchy())["onnx"]
+    assert onnx.ok is False
+    assert "caused by" in onnx.error

@@ -1,0 +1,187 @@
+"""run_job with the real sandbox and pipeline; the queue; the sweep of dead workers' jobs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+import pytest
+from hostile.kit import add_job, fresh_postgres, get_job, make_settings
+from sqlalchemy import update
+
+from server.db import session_scope
+from server.jobs import run_job, session_factory_for
+from server.models import Job, utcnow
+from server.queue import enqueue_job, get_huey, job_id_of
+from server.sandbox import sandbox_available
+from server.storage import UploadStore
+from server.worker import MAX_ATTEMPTS, start_embedded_worker, sweep
+
+needs_sandbox = pytest.mark.skipif(not sandbox_available()[0], reason=sandbox_available()[1])
+
+RAISING_MODEL = b"""import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        raise ValueError("bad width 7")  # line 8
+"""
+
+
+def _set(settings, job_id: int, **values) -> None:
+    with session_scope(session_factory_for(str(settings.database_url))) as session:
+        session.execute(update(Job).where(Job.id == job_id).values(**values))
+
+
+def _assert_tiny_model_done(settings, job_id: int) -> None:
+    job = get_job(settings, job_id)
+    assert (job.status, job.stage, job.progress, job.attempts) == ("done", "done", 100, 1)
+    assert job.params == 8 * 4 + 4  # Linear(8, 4): weight + bias
+    assert job.flops_forward == 2 * 2 * 8 * 4  # 2 * B * in * out, B = 2
+    assert job.report_json["status"] == "done" and job.error_kind is None
+    assert job.started_at <= job.finished_at and job.heartbeat_at is not None
+    timings = job.report_json["meta"]["timings_s"]
+    assert {"queue_wait", "sandbox_start", "import", "child"} <= set(timings)
+    assert not any((settings.data_dir / "jobs").iterdir())  # job dir removed
+    assert UploadStore(settings.data_dir).exists(job.upload_sha256)  # upload kept
+
+
+@needs_sandbox
+def test_run_job_done_on_sqlite(tmp_path):
+    settings = make_settings(tmp_path)
+    job_id = add_job(settings)
+    assert run_job(job_id, settings) == "done"
+    _assert_tiny_model_done(settings, job_id)
+
+
+@needs_sandbox
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_run_job_done_on_postgres(tmp_path, postgres_url):
+    with fresh_postgres(postgres_url) as url:
+        settings = make_settings(tmp_path, database_url=url)
+        job_id = add_job(settings)
+        assert run_job(job_id, settings) == "done"
+        _assert_tiny_model_done(settings, job_id)
+
+
+@needs_sandbox
+def test_user_error_shows_the_users_frames(tmp_path):
+    settings = make_settings(tmp_path)
+    job_id = add_job(settings, RAISING_MODEL)
+    assert run_job(job_id, settings) == "failed"
+    job = get_job(settings, job_id)
+    assert job.error_kind == "user_error" and "bad width 7" in job.error_message
+    trace = job.error_json["traceback"]
+    assert 'model.py", line 8' in trace and "/inspector/" not in trace  # theirs, not ours
+    assert job.report_json["status"] == "failed"
+    assert job.report_json["error"]["kind"] == "user_error"
+
+
+def test_only_a_queued_job_is_claimed(tmp_path):
+    settings = make_settings(tmp_path)
+    job_id = add_job(settings)
+    _set(settings, job_id, status="done", attempts=1)
+    assert run_job(job_id, settings) is None
+    assert get_job(settings, job_id).attempts == 1  # untouched
+
+
+def test_without_a_sandbox_the_worker_refuses(tmp_path):
+    settings = make_settings(tmp_path, sandbox="none")  # and not trusted-only
+    job_id = add_job(settings)
+    assert run_job(job_id, settings) == "failed"
+    job = get_job(settings, job_id)
+    assert "INSPECTOR_SANDBOX=none" in job.error_message and job.report_json["status"] == "failed"
+
+
+@needs_sandbox
+def test_stopping_the_worker_puts_the_job_back(tmp_path):
+    settings = make_settings(tmp_path)
+    job_id = add_job(settings)
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    assert run_job(job_id, settings, should_stop=stop.is_set) == "queued"
+    job = get_job(settings, job_id)
+    assert (job.status, job.attempts, job.worker_id) == ("queued", 0, None)
+    assert job_id_of(get_huey(settings).dequeue()) == job_id  # queued again
+
+
+def test_sqlite_queue_round_trip(tmp_path):
+    settings = make_settings(tmp_path)
+    enqueue_job(41, settings)
+    huey = get_huey(settings)
+    assert huey.pending_count() == 1
+    assert job_id_of(huey.dequeue()) == 41
+    assert (settings.data_dir / "queue.db").exists()
+
+
+@pytest.mark.redis
+def test_redis_queue_round_trip(tmp_path, redis_url):
+    settings = make_settings(tmp_path, redis_url=redis_url)  # unique queue_name per test
+    huey = get_huey(settings)
+    try:
+        assert type(huey).__name__ == "RedisHuey"
+        enqueue_job(7, settings)
+        enqueue_job(8, settings)
+        assert huey.pending_count() == 2
+        assert [job_id_of(huey.dequeue()), job_id_of(huey.dequeue())] == [7, 8]
+    finally:
+        huey.storage.flush_all()
+
+
+def test_sweep_retries_a_dead_workers_job_once_then_fails_it(tmp_path):
+    settings = make_settings(tmp_path, job_stale_after_s=30)
+    job_id = add_job(settings)
+    old = utcnow() - dt.timedelta(seconds=31)
+    _set(settings, job_id, status="running", attempts=1, heartbeat_at=old, worker_id="gone:1")
+    assert sweep(settings)["requeued"] == [job_id]
+    assert get_job(settings, job_id).status == "queued"
+    assert job_id_of(get_huey(settings).dequeue()) == job_id
+
+    _set(settings, job_id, status="running", attempts=MAX_ATTEMPTS, heartbeat_at=old)
+    assert sweep(settings)["failed"] == [job_id]
+    job = get_job(settings, job_id)
+    assert (job.status, job.error_kind) == ("failed", "worker_lost")
+    assert "stopped responding" in job.error_message and "re-run" in job.error_message
+
+
+def test_sweep_leaves_fresh_heartbeats_alone(tmp_path):
+    settings = make_settings(tmp_path, job_stale_after_s=30)
+    job_id = add_job(settings)
+    recent = utcnow() - dt.timedelta(seconds=5)
+    _set(settings, job_id, status="running", attempts=1, heartbeat_at=recent)
+    assert sweep(settings) == {"requeued": [], "failed": [], "lost": []}
+    assert get_job(settings, job_id).status == "running"
+
+
+def test_sweep_requeues_a_queued_job_whose_message_was_lost(tmp_path):
+    settings = make_settings(tmp_path)
+    lost = add_job(settings)
+    new = add_job(settings)
+    _set(settings, lost, created_at=utcnow() - dt.timedelta(minutes=5))
+    assert sweep(settings)["lost"] == [lost]  # the new one may still be on its way
+    huey = get_huey(settings)
+    assert job_id_of(huey.dequeue()) == lost
+    enqueue_job(new, settings)
+    _set(settings, new, created_at=utcnow() - dt.timedelta(minutes=5))
+    assert sweep(settings)["lost"] == []  # the queue is not empty: it may be waiting there
+
+
+@needs_sandbox
+def test_embedded_worker_runs_queued_jobs_and_stops(tmp_path):
+    settings = make_settings(tmp_path)
+    job_id = add_job(settings)
+    enqueue_job(job_id, settings)
+    handle = start_embedded_worker(settings)
+    try:
+        assert handle.refusal is None and handle.alive
+        deadline = dt.datetime.now() + dt.timedelta(seconds=120)
+        while get_job(settings, job_id).status in ("queued", "running"):
+            assert dt.datetime.now() < deadline, "the job did not finish"
+            threading.Event().wait(0.2)
+    finally:
+        handle.stop()
+    assert not handle.alive
+    _assert_tiny_model_done(settings, job_id)

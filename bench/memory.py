@@ -86,6 +86,10 @@ def compare(name: str) -> dict[str, Any]:
     fake = context(
         fmodel, Inputs(fargs, fkwargs, {"B": batch}), factory, Options(fake=True), fake_mode
     )
+    memory_pass.run(fake)  # once to warm up imports (torch._dynamo is imported lazily)
+    fake = context(
+        fmodel, Inputs(fargs, fkwargs, {"B": batch}), factory, Options(fake=True), fake_mode
+    )
     start = time.perf_counter()
     memory_pass.run(fake)
     fake_s = time.perf_counter() - start
@@ -107,7 +111,8 @@ def print_row(r: dict[str, Any]) -> None:
     m, real, fake = r["measured"], r["real"], r["fake"]
     mib = 1024**2
     print(
-        f"| {r['name']} | {r['torchinfo'] / mib:.1f} | saved {real.saved_activation_bytes / mib:.2f} / "
+        f"| {r['name']} | {r['torchinfo'] / mib:.1f} | "
+        f"saved {real.saved_activation_bytes / mib:.2f} / "
         f"{fake.saved_activation_bytes / mib:.2f} / {m.saved_activation_bytes / mib:.2f} "
         f"({_err(real.saved_activation_bytes, m.saved_activation_bytes)}, "
         f"{_err(fake.saved_activation_bytes, m.saved_activation_bytes)}) | "
@@ -167,17 +172,23 @@ def llama70b(layers: int = 80, seq: int = 4096) -> dict[str, Any]:
         Options(fake=True),
         fake_mode,
     )
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     memory_pass.run(ctx)
-    run_s = time.perf_counter() - start
+    run_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     by_label = ctx.scratch["memory"].train.saved_by_label
     from inspector.memory.advice import subtree_bytes
 
     per_layer = subtree_bytes(by_label).get("model.layers.1", 0)
+    if "--detail" in sys.argv:
+        s, h = seq, config.hidden_size
+        for k, v in sorted(by_label.items(), key=str):
+            if k and k.startswith("model.layers.1"):
+                print(f"    {k}: {v:,} B = {v / (s * h):.3f} sbh")
     return {
         "build_s": build_s,
         "run_s": run_s,
+        "cpu_s": cpu_s,
         "rss": rss,
         "memory": ctx.report.memory,
         "per_layer": per_layer,
@@ -196,7 +207,8 @@ def print_llama(r: dict[str, Any]) -> None:
     gib = 1024**3
     print(f"llama-70B-shaped, {c.num_hidden_layers} layers, [1, {s}], bf16 weights, AdamW, fake")
     print(
-        f"  build {r['build_s']:.1f} s, memory pass {r['run_s']:.1f} s, max RSS {r['rss'] / gib:.2f} GiB"
+        f"  build {r['build_s']:.1f} s, memory pass {r['run_s']:.1f} s wall / "
+        f"{r['cpu_s']:.1f} s CPU, max RSS {r['rss'] / gib:.2f} GiB"
     )
     print(
         f"  params {m.param_bytes / gib:.2f} GiB, grads {m.grad_bytes / gib:.2f} GiB, "
@@ -207,7 +219,8 @@ def print_llama(r: dict[str, Any]) -> None:
         f"{m.train_peak_bytes / gib:.2f} GiB at {m.train_peak_node} ({m.train_peak_phase})"
     )
     print(
-        f"  per layer (model.layers.1): {r['per_layer']:,} B = {r['per_layer'] / (s * c.hidden_size):.2f} sbh;"
+        f"  per layer (model.layers.1): {r['per_layer']:,} B = "
+        f"{r['per_layer'] / (s * c.hidden_size):.2f} sbh;"
         f" Korthikanti {korthikanti(s, 1, c.hidden_size, c.num_attention_heads):,} B"
     )
     print(
@@ -217,7 +230,7 @@ def print_llama(r: dict[str, Any]) -> None:
 
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "llama70b":
-        print_llama(llama70b(*(int(x) for x in argv[1:])))
+        print_llama(llama70b(*(int(x) for x in argv[1:] if x.isdigit())))
         return
     print(
         "| model | torchinfo MiB | saved MiB ours real / fake / measured (err) | "

@@ -314,8 +314,24 @@ def _add_server_commands(commands: argparse._SubParsersAction) -> None:
 
     _add_submit(commands)
 
-    token = commands.add_parser("token", help="manage API tokens", add_help=False)
-    token.add_argument("token_args", nargs=argparse.REMAINDER)
+    _add_token(commands)
+
+
+def _add_token(commands: argparse._SubParsersAction) -> None:
+    token = commands.add_parser("token", help="manage API tokens (server database)")
+    actions = token.add_subparsers(dest="token_action", metavar="ACTION", required=True)
+    create = actions.add_parser("create", help="create a token and print it (once)")
+    create.add_argument("name", metavar="NAME", help="what it is for, e.g. github-ci")
+    create.add_argument(
+        "--scope",
+        choices=("upload", "admin"),
+        default="upload",
+        help="upload: upload and re-run (CI); admin: also delete reports",
+    )
+    listing = actions.add_parser("list", help="list tokens (never their secrets)")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    revoke = actions.add_parser("revoke", help="revoke a token by name or id")
+    revoke.add_argument("token", metavar="NAME|ID")
     token.set_defaults(func=lambda a: _call_server("token", a))
 
 

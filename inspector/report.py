@@ -304,4 +304,6 @@ class Report(_Model):
 
 def failed_report(kind: str, message: str, stage: str | None = None, **extra: object) -> Report:
     """A report for a job that did not finish; `extra` goes into `error`."""
-    return Report(status="failed", error=ErrorInfo(kind=kind, message=message, stage=stage, **extra))
+    return Report(
+        status="failed", error=ErrorInfo(kind=kind, message=message, stage=stage, **extra)
+    )

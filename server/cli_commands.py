@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import sys
@@ -14,7 +15,7 @@ from pydantic import ValidationError
 
 from server.settings import Settings, get_settings
 
-__all__ = ["serve", "worker", "db_upgrade"]
+__all__ = ["serve", "worker", "db_upgrade", "token"]
 
 log = logging.getLogger("server")
 
@@ -104,4 +105,92 @@ def serve(host: str = "127.0.0.1", port: int = 8000) -> int:
         signal.signal(signal.SIGTERM, previous)
         if handle is not None:
             handle.stop()
+    return 0
+
+
+def token(args: Any) -> int:
+    """`inspector token create NAME | list | revoke NAME|ID` on the configured database."""
+    from server.tokens import TokenError
+
+    settings = _settings()
+    if settings is None:
+        return 2
+    if not _upgrade(settings):  # the tokens table comes with migration 0002
+        return 1
+    try:
+        if args.token_action == "create":
+            return token_create(settings, args.name, args.scope)
+        if args.token_action == "list":
+            return token_list(settings, as_json=args.json)
+        return token_revoke(settings, args.token)
+    except TokenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _token_session(settings: Settings) -> Any:
+    from server.db import make_engine, make_session_factory, session_scope
+
+    return session_scope(make_session_factory(make_engine(str(settings.database_url))))
+
+
+def token_create(settings: Settings, name: str, scope: str = "upload") -> int:
+    """Create a token; the plain token goes to stdout alone (for `$(...)`), once."""
+    from server.tokens import create_token
+
+    with _token_session(settings) as session:
+        row, plain = create_token(session, name=name, scope=scope)
+        ident = row.id
+    print(plain)
+    print(
+        f"token {ident} {name!r} (scope {scope}) created. It is shown only now: store it as a "
+        "CI secret (INSPECTOR_TOKEN).",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def token_list(settings: Settings, as_json: bool = False) -> int:
+    """Every token with its state; the secrets are not stored, so never shown."""
+    from server.tokens import list_tokens
+
+    with _token_session(settings) as session:
+        rows = [_token_row(t) for t in list_tokens(session)]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    head = ("ID", "NAME", "SCOPE", "PREFIX", "CREATED", "LAST USED", "STATE")
+    print("{:>4}  {:<24} {:<7} {:<13} {:<17} {:<17} {}".format(*head))
+    for r in rows:
+        print(
+            f"{r['id']:>4}  {r['name']:<24} {r['scope']:<7} {r['prefix']:<13} "
+            f"{_short(r['created_at']):<17} {_short(r['last_used_at']):<17} {r['state']}"
+        )
+    return 0
+
+
+def _token_row(t: Any) -> dict[str, Any]:
+    def iso(when: Any) -> str | None:
+        return when.isoformat() if when else None
+
+    state = "revoked" if t.revoked_at else "active"
+    return {
+        "id": t.id, "name": t.name, "scope": t.scope, "prefix": t.prefix + "…", "state": state,
+        "created_at": iso(t.created_at), "last_used_at": iso(t.last_used_at),
+        "revoked_at": iso(t.revoked_at),
+    }  # fmt: skip
+
+
+def _short(iso: str | None) -> str:
+    return iso[:16].replace("T", " ") if iso else "-"
+
+
+def token_revoke(settings: Settings, name_or_id: str) -> int:
+    """Revoke by name (its active token) or by id; requests with it get 401 at once."""
+    from server.tokens import revoke_token
+
+    with _token_session(settings) as session:
+        rows = revoke_token(session, name_or_id=name_or_id)
+        done = [f"{r.id} {r.name!r}" for r in rows]
+    print(f"revoked token {', '.join(done)}")
     return 0

@@ -20,7 +20,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-__all__ = ["Base", "Job", "Tag", "Upload", "JOB_STATUSES", "FINAL_STATUSES", "new_slug", "utcnow"]
+__all__ = [
+    "Base", "Job", "Tag", "Upload", "ApiToken", "UploadEvent",
+    "JOB_STATUSES", "FINAL_STATUSES", "new_slug", "utcnow",
+]  # fmt: skip
 
 JOB_STATUSES = ("queued", "running", "done", "failed", "timed_out", "out_of_memory", "killed")
 FINAL_STATUSES = ("done", "failed", "timed_out", "out_of_memory", "killed")
@@ -135,3 +138,29 @@ class Tag(Base):
     value: Mapped[str] = mapped_column(String(256))
 
     job: Mapped[Job] = relationship(back_populates="tags")
+
+
+class ApiToken(Base):
+    """An API token for CI: only its sha256 is stored; the token itself is shown once."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))  # the first characters, to recognise it
+    scope: Mapped[str] = mapped_column(String(16), default="upload")  # upload or admin
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_used_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+
+
+class UploadEvent(Base):
+    """One accepted upload by an identity (`token:<id>`, `user:<name>`): the rate window."""
+
+    __tablename__ = "upload_events"
+    __table_args__ = (Index("ix_upload_events_key_at", "key", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(300))
+    at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)

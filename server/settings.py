@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -61,6 +62,11 @@ class Settings(BaseSettings):
     job_heartbeat_s: float = 2.0  # a running job's row is touched at least this often
     job_stale_after_s: float = 60.0  # no heartbeat for this long: its worker is gone
     queue_name: str = "inspector"  # the huey queue (one per deployment; a Redis key prefix)
+    # Access (server.auth): who may upload, re-run and delete.
+    auth: Literal["none", "token"] = "none"  # token: `Authorization: Bearer <API token>`
+    # Set only behind an authenticating proxy that strips this header from clients.
+    trusted_identity_header: str | None = None  # e.g. X-Forwarded-User
+    upload_rate_per_minute: int = 30  # per token or proxy user; 0 = no limit
 
     @field_validator(*_SIZE_FIELDS, mode="before")
     @classmethod
@@ -72,6 +78,15 @@ class Settings(BaseSettings):
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("trusted_identity_header", mode="before")
+    @classmethod
+    def _header_name(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.strip() or None
+            if value is not None and not re.fullmatch(r"[A-Za-z0-9-]+", value):
+                raise ValueError(f"INSPECTOR_TRUSTED_IDENTITY_HEADER: not a header name: {value!r}")
+        return value
 
     @field_validator("database_url")
     @classmethod
@@ -112,6 +127,8 @@ def _refuse_unsafe(settings: Settings) -> None:
             "INSPECTOR_TRUSTED_ONLY=true only applies with INSPECTOR_SANDBOX=none "
             "(it accepts running uploads unconfined); unset it to keep the sandbox"
         )
+    if settings.upload_rate_per_minute < 0:
+        problems.append("INSPECTOR_UPLOAD_RATE_PER_MINUTE must be 0 (no limit) or more")
     positive = ("max_upload_bytes", "max_zip_files", "max_zip_uncompressed_bytes", "job_timeout_s")
     positive += ("job_cpu_s", "job_max_procs", "job_max_file_bytes", "worker_concurrency")
     for name in positive:

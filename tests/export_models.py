@@ -31,8 +31,8 @@ class Unscriptable(nn.Module):
         super().__init__()
         self.fc = nn.Linear(8, 4)
 
-    def forward(self, x, scale=None):  # no annotations: TorchScript takes `scale` for a Tensor
-        y = self.fc(x)
-        if scale is not None:
-            y = y * scale
-        return y
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:  # TorchScript has no try/except
+            return self.fc(x)
+        except RuntimeError:
+            return x

@@ -6,8 +6,8 @@ Each `make_*` returns (model, example inputs as (args, kwargs)).
 from __future__ import annotations
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 
 # ResNet-18, the standard architecture (He et al. 2015; torchvision's layout and names).
@@ -164,7 +164,7 @@ class MLP(nn.Module):
     def __init__(self, sizes: tuple[int, ...] = (784, 512, 256, 10)) -> None:
         super().__init__()
         layers: list[nn.Module] = []
-        for a, b in zip(sizes[:-1], sizes[1:]):
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
             layers += [nn.Linear(a, b), nn.ReLU()]
         self.net = nn.Sequential(*layers[:-1])
 

@@ -98,7 +98,8 @@ def test_sort_and_filter_the_node_table(page, server, small_slug):
     page.wait_for_function("document.querySelectorAll('#table-nodes .tabulator-row').length == 2")
     assert sorted(column(page, "name")) == ["fc1", "fc2"]
     page.fill("#table-search", "")
-    page.locator("#table-nodes .tabulator-col[tabulator-field='op'] input").fill("call_function")
+    op_filter = page.locator("#table-nodes .tabulator-col[tabulator-field='op'] input")
+    op_filter.press_sequentially("call_func")
     page.wait_for_function("document.querySelectorAll('#table-nodes .tabulator-row').length == 1")
     assert column(page, "name") == ["relu"]
 
@@ -136,7 +137,7 @@ def test_finding_jumps_to_its_row(page, server):
 def test_node_finding_switches_to_the_node_table(page, server, small_slug):
     open_report(page, server, small_slug)
     page.click(".finding[data-where='relu']")
-    page.wait_for_function("MGIReport.tables.nodes && MGIReport.tables.nodes.getSelectedData().length == 1")
+    page.wait_for_function("(MGIReport.tables.nodes?.getSelectedData() || []).length == 1")
     assert page.evaluate("MGIReport.tables.nodes.getSelectedData()[0].name") == "relu"
     assert page.locator("#view-nodes.active").count() == 1
 
@@ -242,7 +243,8 @@ def test_upload_through_the_page_and_wait_for_the_report(browser, tmp_path):
             page.wait_for_url("**/r/*")
             page.wait_for_selector("body[data-ready='1']", state="attached", timeout=180_000)
             # fc1 8*16+16 = 144, fc2 16*4+4 = 68: 212 parameters
-            assert page.locator(".card", has_text="Parameters").locator(".card-value").inner_text() == "212"
+            card = page.locator(".card", has_text="Parameters").locator(".card-value")
+            assert card.inner_text() == "212"
             page.close()
     finally:
         worker.stop()

@@ -17,7 +17,7 @@ from sqlalchemy import func, inspect, select
 from server.db import downgrade_database, make_engine, make_session_factory, session_scope
 from server.models import Base, Job, Tag
 
-TABLES = {"alembic_version", "jobs", "tags", "uploads"}
+TABLES = {"alembic_version", "jobs", "tags", "uploads", "api_tokens", "upload_events"}
 
 
 @pytest.fixture(params=BACKENDS)

@@ -220,12 +220,14 @@ def test_a_head_count_equal_to_B_is_not_B(fake: bool) -> None:
     assert report.module("proj").output_shapes == [["B", "S", 32]]
 
 
-def test_gpt2_symbolic_dims() -> None:
+def test_gpt2_symbolic_dims_and_attention_flops() -> None:
     report = report_of("gpt2")
     assert report.module("").output_shapes[0] == ["B", "S", 100]
-    # attention scores: [B, heads, S, S]; heads = 4 stays a number
-    attn = [n for n in report.nodes for t in n.output_tensors if t.sym_shape == ["B", 4, "S", "S"]]
-    assert attn
+    # attention: q, k, v [B, heads, S, head_dim]; heads = 4 stays a number
+    (sdpa,) = [n for n in report.nodes if "scaled_dot_product" in n.target][:1]
+    assert sdpa.output_tensors[0].sym_shape == ["B", 4, "S", 16]
+    # q @ k^T and scores @ v: 2 * (2 * B * h * S * S * d) = 2 * 2 * 2 * 4 * 8 * 8 * 16
+    assert sdpa.flops == 32_768
     # flattened tokens before the MLP's addmm: B*S rows
     assert any(t.sym_shape == ["B*S", 256] for n in report.nodes for t in n.output_tensors)
 

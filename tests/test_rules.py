@@ -153,15 +153,24 @@ TRIGGERS = [
     ("bf16-precision", "warning", "add", lambda: Two("offset"), (x4(),), Options(dtype="bf16")),
     ("batchnorm-single-value", "error", "1", bn1d, (x4(1),), None),
     ("batchnorm-few-values", "warning", "1", bn1d, (x4(4),), None),
-    ("mode-divergence", "info", "mul", Training, (x4(),), None),
-    ("bias-before-batchnorm", "warning", "0", lambda: conv_bn(True), (torch.randn(2, 3, 8, 8),), None),
+    ("mode-divergence", "info", "", Training, (x4(),), None),
+    (
+        "bias-before-batchnorm",
+        "warning",
+        "0",
+        lambda: conv_bn(True),
+        (torch.randn(2, 3, 8, 8),),
+        None,
+    ),
     ("tensor-attribute", "warning", "mask", WithMask, (x4(),), None),
     ("inplace-read-later", "warning", "act", Residual, (x4(),), None),
     ("values-not-computed", "info", "", lambda: Two(), (x4(),), Options(fake=True)),
 ]
 
 
-@pytest.mark.parametrize("rule_id,severity,where,make,args,options", TRIGGERS, ids=[t[0] for t in TRIGGERS])
+@pytest.mark.parametrize(
+    "rule_id,severity,where,make,args,options", TRIGGERS, ids=[t[0] for t in TRIGGERS]
+)
 def test_rule_triggers(rule_id, severity, where, make, args, options) -> None:
     found = hits(inspect(make(), *args, options=options), rule_id)
     assert found, f"{rule_id} did not fire"
@@ -200,15 +209,24 @@ def test_rule_quiet_on_healthy_model(rule_id, make, args) -> None:
 
 def test_every_rule_has_a_trigger_test() -> None:
     tested = {t[0] for t in TRIGGERS} | {
-        "mixed-devices", "mixed-dtypes", "capture-failed", "checkpoint-candidate",
-        "gradients-failed", "train-mode-failure",
+        "mixed-devices",
+        "mixed-dtypes",
+        "capture-failed",
+        "checkpoint-candidate",
+        "gradients-failed",
+        "train-mode-failure",
     }
     assert set(RULES) == tested
 
 
 def test_cut_variants_name_the_op_and_line() -> None:
-    for how, op in [("detach", "detach"), ("data", "data"), ("numpy", "detach"),
-                    ("int", "long"), ("nograd", "linear")]:
+    for how, op in [
+        ("detach", "detach"),
+        ("data", "data"),
+        ("numpy", "detach"),
+        ("int", "long"),
+        ("nograd", "linear"),
+    ]:
         ctx = inspect(Two(how), x4())
         found = hits(ctx, "grad-path-cut")
         assert [f.where for f in found] == ["a"], how
@@ -271,8 +289,15 @@ def test_checkpoint_candidates_from_memory_section() -> None:
     ctx.report.memory.saved_activation_bytes = 100 * mib
     ctx.report.modules = [
         Module(path="", type="Net", saved_activation_bytes=100 * mib, calls=1),
-        Module(path="a", type="Block", parent="", depth=1, saved_activation_bytes=80 * mib,
-               output_bytes=10 * mib, calls=1),
+        Module(
+            path="a",
+            type="Block",
+            parent="",
+            depth=1,
+            saved_activation_bytes=80 * mib,
+            output_bytes=10 * mib,
+            calls=1,
+        ),
         Module(path="b", type="Head", parent="", depth=1, saved_activation_bytes=20 * mib, calls=1),
     ]
     found = hits_of(run_rules(ctx), "checkpoint-candidate")
@@ -329,7 +354,9 @@ def test_a_crashing_rule_becomes_an_info_finding(monkeypatch: pytest.MonkeyPatch
     def broken(ctx, report):  # noqa: ANN001, ANN202
         raise KeyError("oops")
 
-    monkeypatch.setitem(RULES, "broken", RULES["dead-relu"].__class__("broken", "error", broken, ""))
+    monkeypatch.setitem(
+        RULES, "broken", RULES["dead-relu"].__class__("broken", "error", broken, "")
+    )
     found = run_rules(context_for(Two(), (x4(),)))
     assert [(f.rule, f.severity) for f in found] == [("rule-crashed", "info")]
 
@@ -339,3 +366,39 @@ def test_findings_sorted_errors_first() -> None:
     ctx.report.capture.attempts = [CaptureAttempt(method="fx", ok=False, error="x")]
     order = [f.severity for f in run_rules(ctx)]
     assert order == sorted(order, key=["error", "warning", "info"].index)
+
+
+# --- healthy standard models: no error or warning ----------------------------------------
+
+
+def _loud(ctx) -> list[tuple[str, str, str]]:
+    return [(f.rule, f.where, f.message) for f in ctx.report.findings if f.severity != "info"]
+
+
+@pytest.mark.parametrize(
+    "make,config",
+    [
+        ("make_mlp", {}),
+        ("make_resnet18", {}),
+        ("make_gpt2", {"n_layer": 2}),
+        ("make_bert", {"num_hidden_layers": 2}),
+    ],
+)
+def test_standard_models_have_no_errors_or_warnings(make: str, config: dict) -> None:
+    import models
+
+    model, (args, kwargs) = getattr(models, make)(**config)
+    ctx = inspect(model, *args, **kwargs)
+    assert ctx.report.gradients.computed and ctx.report.modes.computed
+    assert _loud(ctx) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", ["make_gpt2", "make_bert"])
+def test_full_size_transformers_have_no_errors_or_warnings(make: str) -> None:
+    import models
+
+    model, (args, kwargs) = getattr(models, make)()
+    ctx = inspect(model, *args, **kwargs)
+    assert ctx.report.gradients.computed
+    assert _loud(ctx) == []

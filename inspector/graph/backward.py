@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from inspector.context import Inputs
+from inspector.graph.flops import EXTRA_FORMULAS
 from inspector.graph.lenient import fake_context
 from inspector.graph.params import in_subtree
 from inspector.graph.tensors import tensor_leaves
@@ -25,7 +26,7 @@ class _OwnCounter(FlopCounterMode):
     (torch's inclusive per-module counts are not always nested in backward)."""
 
     def __init__(self) -> None:
-        super().__init__(display=False)
+        super().__init__(display=False, custom_mapping=EXTRA_FORMULAS)
         self.own: dict[str, int] = defaultdict(int)
 
     def _count_flops(self, func_packet, out, args, kwargs):  # noqa: ANN001, ANN202

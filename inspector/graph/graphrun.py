@@ -14,6 +14,7 @@ from torch import fx, nn
 from torch.fx.node import _get_qualified_name
 from torch.utils.flop_counter import FlopCounterMode
 
+from inspector.graph.flops import flop_counter_mode
 from inspector.graph.records import NodeRecord, user_location_from_stack
 from inspector.graph.tensors import nbytes, tensor_info, tensor_leaves
 
@@ -127,7 +128,7 @@ def record_graph(
     strip: str | None = None,
 ) -> list[NodeRecord]:
     """Run `gm` on its placeholder values `flat_inputs`; one record per node."""
-    counter = FlopCounterMode(display=False) if count_flops else None
+    counter = flop_counter_mode() if count_flops else None
     recorder = _Recorder(gm, counter, list(user_files or []), strip)
     with torch.no_grad(), counter if counter is not None else nullcontext():
         recorder.run(*flat_inputs)

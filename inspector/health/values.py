@@ -3,7 +3,8 @@
 Two granularities: the captured fx/export graph (one value per op, run with a
 `torch.fx.Interpreter`), or module calls (forward hooks on the real model, one value per
 call). The graph names values like `ctx.report.nodes`; module calls are matched to the
-report's `call_module`/`module` nodes by path and call index.
+report's `call_module`/`module` nodes by path and call index, else named by their module
+path ("" for the root; "path@k" for the k-th repeated call).
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def _run_modules(ctx: Context, on_value: OnValue) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             k = calls[path] = calls.get(path, -1) + 1
             names = known.get(path, [])
-            name = names[k] if k < len(names) else (path or "model") + (f"@{k}" if k else "")
+            name = names[k] if k < len(names) else path + (f"@{k}" if k else "")
             on_value(NodeRef(name, kind_of(module), path), output)
 
         return hook

@@ -7,11 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from inspector.context import Context
-from inspector.passes import graph, memory
+from inspector.passes import export, graph, memory
 
 Pass = Callable[[Context], None]
 
 PASSES: list[tuple[str, Pass]] = [
     ("graph", graph.run),  # shapes, parameters, FLOPs -> nodes, modules, totals
     ("memory", memory.run),  # static memory, saved activations, peaks, batch scaling
+    ("export", export.run),  # torch.export / TorchScript / ONNX readiness
 ]

@@ -65,7 +65,7 @@ def train_mode_failure(ctx: Context, report: Report) -> Iterator[Finding]:
 def mode_divergence(ctx: Context, report: Report) -> Iterator[Finding]:
     """Outputs differ between train() and eval(): which modules, and where it starts."""
     modes = report.modes
-    if not modes.computed or not modes.first_divergent_node:
+    if not modes.computed or modes.first_divergent_node is None:
         return
     listed = ", ".join(p or "(root)" for p in modes.mode_dependent_modules[:5])
     more = len(modes.mode_dependent_modules) - 5
@@ -74,7 +74,7 @@ def mode_divergence(ctx: Context, report: Report) -> Iterator[Finding]:
         "mode-divergence",
         modes.first_divergent_node,
         f"train() and eval() outputs differ by up to {modes.output_max_abs_diff:.3g}; the "
-        f"runs diverge first at '{modes.first_divergent_node}'. Mode-dependent modules: "
+        f"runs diverge first at '{modes.first_divergent_node or '(root)'}'. Mode-dependent modules: "
         f"{listed or 'none found'}.",
         "Expected with Dropout/BatchNorm; call model.eval() for inference and "
         "model.train() for training.",

@@ -15,6 +15,7 @@ from server.api.inputcheck import check_input_file, check_input_spec, input_file
 from server.api.modelcheck import check_model, model_kind, safe_filename
 from server.api.schemas import CreatedReport, ErrorResponse
 from server.api.views import job_urls
+from server.auth import UPLOAD_AUTH_RESPONSES, UploaderDep
 from server.db import SessionDep
 from server.settings import Settings
 from server.storage import Staged, TooLarge, UploadStore, iter_file
@@ -25,7 +26,7 @@ _ERRORS = {
     413: {"model": ErrorResponse, "description": "upload over the size limit"},
     422: {"model": ErrorResponse, "description": "the upload does not check out"},
     503: {"model": ErrorResponse, "description": "no sandbox: uploads refused"},
-}
+} | UPLOAD_AUTH_RESPONSES
 
 
 @dataclass
@@ -90,6 +91,7 @@ def _stage_input(
 def create_report(
     request: Request,
     session: SessionDep,
+    _identity: UploaderDep,
     model: UploadFile = File(description="the model: a .py file, a .zip of a package, a .pt2"),
     entrypoint: str | None = Form(None, description="model.py:Net, pkg/model.py:Net in a zip"),
     input: str | None = Form(None, description='input spec JSON, e.g. {"x": {"shape": [1, 8]}}'),

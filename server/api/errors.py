@@ -17,6 +17,8 @@ log = logging.getLogger("server.api")
 
 _CODES = {
     400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
     409: "conflict",
@@ -24,6 +26,7 @@ _CODES = {
     413: "too_large",
     415: "unsupported_media_type",
     422: "invalid",
+    429: "rate_limited",
     503: "unavailable",
 }
 
@@ -32,8 +35,15 @@ class ApiError(HTTPException):
     """An error meant for the user. Subclasses FastAPI's HTTPException so that one raised
     while the request body is still being read passes through FastAPI untouched."""
 
-    def __init__(self, status: int, code: str, message: str, detail: Any = None) -> None:
-        super().__init__(status_code=status, detail=message)
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        detail: Any = None,
+        headers: dict[str, str] | None = None,  # e.g. WWW-Authenticate, Retry-After
+    ) -> None:
+        super().__init__(status_code=status, detail=message, headers=headers)
         self.code = code
         self.message = message
         self.extra = detail
@@ -48,7 +58,7 @@ def error_response(
 
 async def _api_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
-    return error_response(exc.status_code, exc.code, exc.message, exc.extra)
+    return error_response(exc.status_code, exc.code, exc.message, exc.extra, exc.headers)
 
 
 async def _http_error(_request: Request, exc: Exception) -> JSONResponse:

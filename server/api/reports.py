@@ -13,6 +13,14 @@ from server.api.errors import ApiError
 from server.api.formfields import parse_tags
 from server.api.schemas import CreatedReport, ErrorResponse, ReportDetail, ReportList
 from server.api.views import detail, job_urls, row
+from server.auth import (
+    ADMIN_RESPONSES,
+    AUTH_RESPONSES,
+    UPLOAD_AUTH_RESPONSES,
+    AdminDep,
+    IdentityDep,
+    UploaderDep,
+)
 from server.db import SessionDep
 from server.models import FINAL_STATUSES, JOB_STATUSES, Job
 from server.storage import UploadStore
@@ -39,10 +47,11 @@ def _statuses(values: list[str]) -> list[str]:
     return statuses
 
 
-@router.get("/reports", response_model=ReportList)
+@router.get("/reports", response_model=ReportList, responses=AUTH_RESPONSES)
 def list_reports(
     request: Request,
     session: SessionDep,
+    _identity: IdentityDep,  # the list would reveal every unguessable link
     name: Annotated[str | None, Query(description="substring of the name, any case")] = None,
     tag: Annotated[list[str] | None, Query(description="key=value; repeat for several")] = None,
     status: Annotated[list[str] | None, Query(description="e.g. done or failed,timed_out")] = None,
@@ -92,8 +101,15 @@ def get_markdown(
     return Response(text, media_type="text/markdown; charset=utf-8")
 
 
-@router.post("/reports/{slug}/rerun", status_code=201, response_model=CreatedReport, responses=_404)
-def rerun_report(slug: str, request: Request, session: SessionDep) -> CreatedReport:
+@router.post(
+    "/reports/{slug}/rerun",
+    status_code=201,
+    response_model=CreatedReport,
+    responses=_404 | UPLOAD_AUTH_RESPONSES,
+)
+def rerun_report(
+    slug: str, request: Request, session: SessionDep, _identity: UploaderDep
+) -> CreatedReport:
     """Run a finished job again from its kept upload: a new job with a new slug."""
     settings = request.app.state.settings
     store: UploadStore = request.app.state.store
@@ -116,8 +132,8 @@ def _copied_columns(job: Job) -> dict:
     return {n: getattr(job, n) for n in names}
 
 
-@router.delete("/reports/{slug}", status_code=204, responses=_404)
-def delete_report(slug: str, session: SessionDep) -> Response:
+@router.delete("/reports/{slug}", status_code=204, responses=_404 | ADMIN_RESPONSES)
+def delete_report(slug: str, session: SessionDep, _identity: AdminDep) -> Response:
     """Delete a report and its tags (the stored upload stays: others may share it)."""
     session.delete(queries.get_job(session, slug=slug))
     session.commit()

@@ -15,7 +15,7 @@ PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 @dataclass(frozen=True)
 class TreeUsage:
     pids: tuple[int, ...]
-    rss_bytes: int  # summed over processes: shared pages count once per process
+    rss_bytes: int  # proportional set size summed over the tree: shared pages once
 
 
 def _parent_map() -> dict[int, list[int]]:
@@ -53,7 +53,16 @@ def tree_pids(root: int) -> list[int]:
     return found
 
 
-def _rss_bytes(pid: int) -> int:
+def _memory_bytes(pid: int) -> int:
+    """Proportional set size: pages shared by forked children count once in all, so a
+    tree of forks is not charged N times its parent (plain RSS where PSS is missing)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         with open(f"/proc/{pid}/statm", "rb") as f:
             return int(f.read().split()[1]) * PAGE_BYTES
@@ -63,7 +72,7 @@ def _rss_bytes(pid: int) -> int:
 
 def tree_usage(root: int) -> TreeUsage:
     pids = tree_pids(root)
-    return TreeUsage(tuple(pids), sum(_rss_bytes(pid) for pid in pids))
+    return TreeUsage(tuple(pids), sum(_memory_bytes(pid) for pid in pids))
 
 
 def kill_tree(root: int, pids: list[int] | tuple[int, ...] = ()) -> None:

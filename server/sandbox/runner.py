@@ -71,10 +71,10 @@ class _Watch:
             return "interrupted", "the worker is stopping"
         if now - self.start > lim.wall_s:
             return "timed_out", f"ran longer than the job time limit of {lim.wall_s:g} s"
+        if procs > lim.max_procs:  # first: a fork bomb also grows in memory
+            return "killed", f"started more than {lim.max_procs} processes"
         if usage.rss_bytes > lim.memory_bytes:
             return "out_of_memory", f"used more than the memory limit of {_gib(lim.memory_bytes)}"
-        if procs > lim.max_procs:
-            return "killed", f"started more than {lim.max_procs} processes"
         if now >= self.next_disk_check:
             self.next_disk_check = now + DISK_CHECK_EVERY_S
             return self._disk_breach()

@@ -91,19 +91,19 @@
   const textCell = (cell) => escapeHtml(cell.getValue() ?? "");
 
   function columns(view, leafRows) {
-    const num = (title, field, formatter, tip) => ({ title, field, hozAlign: "right", sorter: "number", formatter, headerHozAlign: "right", minWidth: 84, widthGrow: 1, headerTooltip: tip || title });
+    const num = (title, field, formatter, tip) => ({ title, field, hozAlign: "right", sorter: "number", formatter, headerHozAlign: "right", minWidth: 96, widthGrow: 1, headerTooltip: tip || title });
     const first = view === "modules"
-      ? [{ title: "Module", field: "label", frozen: true, minWidth: 200, widthGrow: 3, formatter: (c) => `<span title="${escapeHtml(c.getRow().getData().path)}">${escapeHtml(c.getValue())}</span>` },
+      ? [{ title: "Module", field: "label", frozen: true, minWidth: 180, widthGrow: 2, formatter: (c) => `<span title="${escapeHtml(c.getRow().getData().path)}">${escapeHtml(c.getValue())}</span>` },
         { title: "Path", field: "path", visible: false, formatter: textCell }]
-      : [{ title: "Node", field: "name", frozen: true, minWidth: 170, widthGrow: 3, formatter: textCell },
+      : [{ title: "Node", field: "name", frozen: true, minWidth: 160, widthGrow: 2, formatter: textCell },
         { title: "Op", field: "op", minWidth: 110, widthGrow: 1, headerFilter: "input", headerFilterPlaceholder: "filter" },
         { title: "Target", field: "target", visible: false, formatter: textCell },
         { title: "Module", field: "module_path", minWidth: 120, widthGrow: 2, formatter: textCell }];
     return first.concat([
-      { title: "Type", field: "type", minWidth: 100, widthGrow: 2, formatter: textCell, ...(view === "nodes" ? { headerFilter: "input", headerFilterPlaceholder: "filter" } : {}) },
+      { title: "Type", field: "type", minWidth: 100, widthGrow: 1.5, formatter: textCell, ...(view === "nodes" ? { headerFilter: "input", headerFilterPlaceholder: "filter" } : {}) },
       { title: "Input shapes", field: "inputs", minWidth: 110, widthGrow: 2, formatter: textCell },
       { title: "Output shapes", field: "outputs", minWidth: 110, widthGrow: 2, formatter: textCell },
-      { title: "Dtype", field: "dtype", minWidth: 70, widthGrow: 1, formatter: textCell },
+      { title: "Dtype", field: "dtype", minWidth: 84, widthGrow: 1, formatter: textCell },
       num("Params", "params", count), num("FLOPs", "flops", count),
       num("Output", "out_bytes", heat(maxOf(leafRows, "out_bytes")), "Output bytes"),
       num("Saved", "saved_bytes", heat(maxOf(leafRows, "saved_bytes")), "Bytes saved for backward"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,13 +16,16 @@ from models import make_data_dependent, make_small_cnn
 from test_rules import Two, Unused
 
 
+TESTS = str(Path(__file__).parent)  # the test models live in several files here
+
+
 def mlp() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
 
 
 def run(model: nn.Module, *args, **kw):
-    ctx = context_for(model, args, user_files=[__file__], **kw)
+    ctx = context_for(model, args, user_files=[TESTS], **kw)
     gradients.run(ctx)
     return ctx
 

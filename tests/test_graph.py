@@ -9,7 +9,7 @@ from pathlib import Path
 import models
 import pytest
 import torch
-from graph_helpers import MODELS, inspect_ctx, make_ctx, run_model
+from graph_helpers import inspect_ctx, make_ctx, run_model
 from torch import nn
 
 from inspector.errors import UserCodeError

@@ -1,0 +1,112 @@
+"""Benchmark of the analysis core (capture + graph pass: shapes, params, FLOPs) against
+torchinfo.summary on the same models in the same process, and of a fake-mode run of
+GPT-2 small against one real forward.
+
+    PYTHONPATH=. .venv/bin/python bench/core.py            # full sizes
+    PYTHONPATH=. .venv/bin/python bench/core.py --quick    # small sizes, a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+import models  # noqa: E402
+import torchinfo  # noqa: E402
+from graph_helpers import inspect_ctx, make_ctx  # noqa: E402
+
+
+def best_of(n: int, fn: Callable[[], object]) -> float:
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def core(build, make_inputs, dims, fake=False) -> float:  # noqa: ANN001
+    """Seconds of capture + graph pass, the model and inputs built beforehand."""
+    ctx = make_ctx(build, make_inputs, dims, fake=fake)
+    start = time.perf_counter()
+    inspect_ctx(ctx)
+    return time.perf_counter() - start
+
+
+def cases(quick: bool) -> list[tuple[str, Callable, Callable, dict]]:
+    b, size, seq = (2, 64, 64) if quick else (8, 224, 256)
+    return [
+        (
+            f"ResNet-18 [{b},3,{size},{size}]",
+            models.ResNet18,
+            lambda B: ((torch.randn(B, 3, size, size),), {}),
+            {"B": b},
+        ),
+        ("MLP [32,784]", models.MLP, lambda B: ((torch.randn(B, 784),), {}), {"B": 32}),
+        (
+            f"GPT-2 small [2,{seq}]",
+            lambda: models.make_gpt2()[0],
+            lambda B, S: ((), {"input_ids": torch.randint(0, 50257, (B, S))}),
+            {"B": 2, "S": seq},
+        ),
+    ]
+
+
+def versus_torchinfo(quick: bool, repeats: int) -> list[str]:
+    lines = ["| model | core (s) | torchinfo (s) | core / torchinfo |", "|---|---|---|---|"]
+    for name, build, make_inputs, dims in cases(quick):
+        model = build()
+        args, kwargs = make_inputs(**dims)
+        data = kwargs if kwargs else list(args)
+        ours = min(core(build, make_inputs, dims) for _ in range(repeats))
+        theirs = best_of(
+            repeats, lambda m=model, d=data: torchinfo.summary(m, input_data=d, verbose=0)
+        )
+        lines.append(f"| {name} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f}x |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def fake_versus_real(quick: bool) -> list[str]:
+    b, s = (2, 128) if quick else (8, 1024)
+    model, (_, kwargs) = models.make_gpt2(batch=b, seq=s)
+    with torch.no_grad():
+        real = best_of(1, lambda: model(**kwargs))
+    fake = core(
+        lambda: models.make_gpt2()[0],
+        lambda B, S: ((), {"input_ids": torch.randint(0, 50257, (B, S))}),
+        {"B": b, "S": s},
+        fake=True,
+    )
+    line = (
+        f"| GPT-2 small [{b},{s}] | fake core {fake:.2f} s | one real forward {real:.2f} s "
+        f"| {real / fake:.1f}x faster |"
+    )
+    print(line, flush=True)
+    return ["| model | fake-mode core | real forward | speed-up |", "|---|---|---|---|", line]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=2)
+    opts = parser.parse_args()
+    torch.manual_seed(0)
+    # warm-up: first use of fx, export and fake tensors pays one-time import/caching costs
+    core(models.MLP, lambda B: ((torch.randn(B, 784),), {}), {"B": 2})
+    core(models.MLP, lambda B: ((torch.randn(B, 784),), {}), {"B": 2}, fake=True)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    versus_torchinfo(opts.quick, opts.repeats)
+    fake_versus_real(opts.quick)
+
+
+if __name__ == "__main__":
+    main()

@@ -12,11 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 from inspector.context import CaptureResult, Context
-from inspector.graph.exportcapture import WRAPPED, export_graph
+from inspector.graph.exportcapture import WRAPPED, export_graph, flat_tensors, moving_axes
 from inspector.graph.fxcapture import trace_fx
 from inspector.graph.hooks import record_hooks
 from inspector.graph.lenient import fake_context
-from inspector.graph.runner import preserved_state
+from inspector.graph.runner import perturb_fake_mode, preserved_state
+from inspector.graph.symdims import perturbed_value
 from inspector.report import CaptureAttempt
 from inspector.tracebacks import user_location
 
@@ -91,9 +92,38 @@ def _fx(ctx: Context) -> tuple[CaptureResult, Any]:
 
 
 def _export(ctx: Context) -> tuple[CaptureResult, Any]:
-    ep, gm = export_graph(ctx.model, ctx.inputs.args, ctx.inputs.kwargs, ctx.fake_mode)
     ctx.scratch["graph.strip"] = WRAPPED
+    args, kwargs = ctx.inputs.args, ctx.inputs.kwargs
+    dynamic = _dynamic_axes(ctx)
+    if dynamic:  # one symbolic export replaces a re-export per named dim
+        try:
+            ep, gm = export_graph(ctx.model, args, kwargs, ctx.fake_mode, dynamic=dynamic)
+            ctx.scratch["graph.export_dynamic"] = True
+            return CaptureResult(method="export", attempts=[], graph_module=gm, exported=ep), None
+        except Exception:  # a static export may still work
+            pass
+    ep, gm = export_graph(ctx.model, args, kwargs, ctx.fake_mode)
+    ctx.scratch["graph.export_dynamic"] = False
     return CaptureResult(method="export", attempts=[], graph_module=gm, exported=ep), None
+
+
+def _dynamic_axes(ctx: Context) -> list[list[int]] | None:
+    """Axes of the input tensors that move with a named dim (inputs rebuilt, fake, with
+    each dim changed: no model run)."""
+    dims = dict(ctx.inputs.dims)
+    if not dims:
+        return None
+    mode, others = perturb_fake_mode(ctx), []
+    for d, v in dims.items():
+        changed = {**dims, d: perturbed_value(v)}
+        try:
+            with mode:
+                inputs = ctx.factory.build(dims=changed, device=ctx.options.device)
+        except Exception:  # that dim stays static
+            continue
+        others.append(flat_tensors(inputs.args, inputs.kwargs))
+    axes = moving_axes(flat_tensors(ctx.inputs.args, ctx.inputs.kwargs), others)
+    return axes if any(axes) else None
 
 
 def _loaded_export(ctx: Context) -> tuple[CaptureResult, Any]:

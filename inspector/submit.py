@@ -11,13 +11,11 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from inspector.citags import ci_tags
+from inspector.client import InspectorClient, progress_printer
 from inspector.errors import UserError
 from inspector.gates import (
     FIGURES,
@@ -30,12 +28,11 @@ from inspector.gates import (
     parse_increase,
 )
 from inspector.units import format_bytes, format_count, parse_size
-from inspector.upload_source import InputUpload, ModelUpload, resolve_input, resolve_model
+from inspector.upload_source import resolve_input, resolve_model
 
 __all__ = ["add_arguments", "submit", "SubmitError", "EXIT_OK", "EXIT_GATES", "EXIT_ERROR"]
 
 EXIT_OK, EXIT_GATES, EXIT_ERROR = 0, 1, 2
-FINAL = ("done", "failed", "timed_out", "out_of_memory", "killed")
 
 
 class SubmitError(UserError):
@@ -87,8 +84,11 @@ def _add_gates(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-forward-peak", type=_size, metavar="SIZE", help="e.g. 8GiB")
     g.add_argument("--max-params", type=_size, metavar="N", help="e.g. 7e9")
     g.add_argument("--max-flops", type=_size, metavar="N", help="forward FLOPs, e.g. 2e12")
-    g.add_argument("--baseline", metavar="SLUG|tag:K=V",
-                   help="compare with this report, or the newest done one with that tag")  # fmt: skip
+    g.add_argument(
+        "--baseline",
+        metavar="SLUG|tag:K=V",
+        help="compare with this report, or the newest done one with that tag",
+    )
     g.add_argument("--max-increase", action="append", default=[], type=_increase,
                    metavar="FIGURE=LIMIT",
                    help=f"vs the baseline, e.g. train_peak=10%% or params=1e6; figures: "
@@ -107,3 +107,205 @@ def _increase(text: str) -> Any:
         return parse_increase(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# -- the run ----------------------------------------------------------------------------
+
+
+def submit(args: argparse.Namespace) -> int:
+    """Upload, wait, gate, summarise; returns the exit status."""
+    server = _server(args)
+    token = args.token or os.environ.get("INSPECTOR_TOKEN") or None
+    budgets = _budgets(args)
+    _check_gate_flags(args, budgets)
+    model, inputs = resolve_model(args.model), resolve_input(args.input)
+    with InspectorClient(server, token) as client:
+        baseline = _find_baseline(client, args.baseline) if args.baseline else None
+        created = client.upload(model, inputs, _form(args))
+        print(f"uploaded: {created['url']}", file=sys.stderr, flush=True)
+        if not args.wait:
+            print(created["url"])
+            return EXIT_OK
+        body = client.wait(created["slug"], args.timeout, progress_printer())
+        if body["status"] != "done":
+            return _failed(client, args, body)
+        gates = _gates(args, body, baseline, budgets)
+        _print_summary(body, baseline, gates, args.baseline)
+        exit_code = EXIT_GATES if any(g.verdict == "fail" for g in gates) else EXIT_OK
+        _write_outputs(client, args, body, baseline, gates, exit_code)
+    return exit_code
+
+
+def _server(args: argparse.Namespace) -> str:
+    server = (args.server or "").strip()
+    if not server.startswith(("http://", "https://")):
+        raise SubmitError(
+            f"--server {server!r}: give the server's URL" if server else "no server given",
+            hint="Use --server https://inspector.example.com or set $INSPECTOR_SERVER.",
+        )
+    return server
+
+
+def _budgets(args: argparse.Namespace) -> dict[str, float]:
+    given = {
+        "train_peak": args.max_train_peak,
+        "forward_peak": args.max_forward_peak,
+        "params": args.max_params,
+        "flops": args.max_flops,
+    }
+    return {name: limit for name, limit in given.items() if limit is not None}
+
+
+def _check_gate_flags(args: argparse.Namespace, budgets: dict[str, float]) -> None:
+    if args.max_increase and not args.baseline:
+        raise SubmitError(
+            "--max-increase needs a baseline to compare with",
+            hint="Add --baseline SLUG or --baseline tag:branch=main.",
+        )
+    if not args.wait and (budgets or args.max_increase or args.markdown or args.json):
+        raise SubmitError(
+            "--no-wait cannot check gates or write results: the report is not done yet",
+            hint="Drop --no-wait (waiting is the default).",
+        )
+
+
+def _form(args: argparse.Namespace) -> dict[str, Any]:
+    tags = ci_tags(os.environ) if args.ci_tags else {}
+    for item in args.tag:  # given by hand: they win over the CI variables
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SubmitError(f"--tag {item!r}: write tags as key=value, e.g. branch=main")
+        tags[key.strip()] = value.strip()
+    return {
+        "name": args.name,
+        "tags": [f"{k}={v}" for k, v in tags.items()],
+        "optimizer": args.optimizer,
+        "dtype": args.dtype,
+        "device": args.device,
+        "fake": "true" if args.fake else None,
+    }
+
+
+def _find_baseline(client: InspectorClient, spec: str) -> dict | None:
+    """A slug, or `tag:K=V[,K=V]` (the newest done report with those tags; None if none)."""
+    if spec.startswith("tag:"):
+        tags = [t.strip() for t in spec[4:].split(",") if t.strip()]
+        if not tags or not all("=" in t for t in tags):
+            raise SubmitError(f"--baseline {spec!r}: write tag:key=value, e.g. tag:branch=main")
+        found = client.newest_done(tags)
+        if found is None:
+            print(f"note: no done report tagged {', '.join(tags)} yet: relative gates are "
+                  "skipped", file=sys.stderr)  # fmt: skip
+        return found
+    body = client.report(spec)
+    if body["status"] != "done":
+        raise SubmitError(f"baseline {spec!r} is {body['status']}, not done: pick another report")
+    return body
+
+
+def _gates(
+    args: argparse.Namespace, body: dict, baseline: dict | None, budgets: dict[str, float]
+) -> list[GateResult]:
+    gates = check_budgets(body, budgets)
+    if args.max_increase:
+        gates += check_increases(body, baseline, args.max_increase)
+    findings = check_findings(body, args.fail_on)
+    return gates + ([findings] if findings else [])
+
+
+# -- output -----------------------------------------------------------------------------
+
+_SUMMARY = (
+    ("Parameters", "params", format_count),
+    ("Forward FLOPs", "flops_forward", format_count),
+    ("Training-step peak", "train_peak_bytes", format_bytes),
+    ("Forward peak", "forward_peak_bytes", format_bytes),
+)
+
+
+def _print_summary(
+    body: dict, baseline: dict | None, gates: list[GateResult], baseline_spec: str | None
+) -> None:
+    print(f"Report {body['name']!r}: {body['url']}")
+    for label, key, fmt in _SUMMARY:
+        print(f"  {label:<20} {fmt(body.get(key))}")
+    print(f"  {'Findings':<20} {body['findings_errors']} errors, "
+          f"{body['findings_warnings']} warnings")  # fmt: skip
+    if baseline is not None:
+        print(f"Baseline {baseline['name']!r}: {baseline['url']}")
+    elif baseline_spec:
+        print(f"Baseline: none found for {baseline_spec}")
+    if gates:
+        print("\n" + gates_table(gates))
+    failed = sum(g.verdict == "fail" for g in gates)
+    print(f"\nResult: FAIL ({failed} of {len(gates)} gates failed)" if failed else "\nResult: pass")
+
+
+def _failed(client: InspectorClient, args: argparse.Namespace, body: dict) -> int:
+    """The job did not finish: show its error as the user's own, exit 2."""
+    error = body.get("error") or {}
+    stage = f" during {error['stage']}" if error.get("stage") else ""
+    print(f"Report {body['name']!r}: {body['url']}", file=sys.stderr)
+    print(f"error: the job {body['status']}{stage}: {error.get('message') or 'no message'}",
+          file=sys.stderr)  # fmt: skip
+    if error.get("traceback") and error.get("kind") != "internal":
+        print(str(error["traceback"]).rstrip(), file=sys.stderr)
+    _write_outputs(client, args, body, None, [], EXIT_ERROR)
+    return EXIT_ERROR
+
+
+def _write_outputs(
+    client: InspectorClient,
+    args: argparse.Namespace,
+    body: dict,
+    baseline: dict | None,
+    gates: list[GateResult],
+    exit_code: int,
+) -> None:
+    if args.markdown:
+        _write(args.markdown, _markdown(client, body, baseline, gates))
+    if args.json:
+        _write(args.json, json.dumps(_result(body, baseline, gates, exit_code), indent=2) + "\n")
+
+
+def _markdown(
+    client: InspectorClient, body: dict, baseline: dict | None, gates: list[GateResult]
+) -> str:
+    if body["status"] == "done":
+        text = client.markdown(body["slug"], baseline["slug"] if baseline else None)
+    else:
+        text = _failure_markdown(body)
+    extra = [gates_markdown(gates)] if gates else []
+    if baseline is not None:
+        extra.append(f"Baseline: [{baseline['slug']}]({baseline['url']})")
+    return "\n\n".join([text.rstrip("\n"), *extra]) + "\n"
+
+
+def _failure_markdown(body: dict) -> str:
+    from inspector.render.markdown import escape_markdown
+
+    error = body.get("error") or {}
+    return (
+        f"### Model Graph Inspector: {escape_markdown(body['name'])}\n\n"
+        f"**{escape_markdown(body['status'])}**: {escape_markdown(error.get('message') or '')}"
+        f"\n\n[Full report]({body['url']})\n"
+    )
+
+
+def _result(body: dict, baseline: dict | None, gates: list[GateResult], exit_code: int) -> dict:
+    keep = ("slug", "name", "status", "url", "api_url", "tags", "error", "report")
+    return {
+        **{k: body.get(k) for k in keep},
+        "figures": {key: body.get(key) for _, key, _ in _SUMMARY},
+        "baseline": {k: baseline.get(k) for k in ("slug", "name", "url")} if baseline else None,
+        "gates": [g.to_dict() for g in gates],
+        "passed": exit_code == EXIT_OK,
+        "exit_code": exit_code,
+    }
+
+
+def _write(target: str, text: str) -> None:
+    try:
+        Path(target).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise SubmitError(f"cannot write {target}: {exc.strerror or exc}") from None

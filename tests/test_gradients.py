@@ -7,14 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from models import make_data_dependent, make_small_cnn
+from test_rules import Two, Unused
 from torch import nn
 
 from inspector.context import Options
 from inspector.health.adhoc import context_for
 from inspector.passes import gradients
-from models import make_data_dependent, make_small_cnn
-from test_rules import Two, Unused
-
 
 TESTS = str(Path(__file__).parent)  # the test models live in several files here
 
@@ -76,7 +75,9 @@ def test_layers_in_forward_order_and_module_norms() -> None:
     first = math.hypot(rows["first.weight"], rows["first.bias"])
     assert layers[0].grad_norm == pytest.approx(first)
     assert ctx.report.module("first").grad_norm == pytest.approx(first)
-    assert ctx.report.module("").grad_norm == pytest.approx(math.sqrt(sum(v**2 for v in rows.values())))
+    assert ctx.report.module("").grad_norm == pytest.approx(
+        math.sqrt(sum(v**2 for v in rows.values()))
+    )
 
 
 def test_node_grad_norms_equal_autograd_on_fx_graph() -> None:

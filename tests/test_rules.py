@@ -295,14 +295,30 @@ def test_checkpoint_candidates_from_memory_section() -> None:
             parent="",
             depth=1,
             saved_activation_bytes=80 * mib,
-            output_bytes=10 * mib,
+            output_shapes=[[1024, 1024]],
+            output_dtypes=["float32"],
             calls=1,
         ),
         Module(path="b", type="Head", parent="", depth=1, saved_activation_bytes=20 * mib, calls=1),
     ]
     found = hits_of(run_rules(ctx), "checkpoint-candidate")
     assert [(f.severity, f.where) for f in found] == [("info", "a")]
-    assert "70.00 MiB" in found[0].message  # saving: 80 MiB saved - 10 MiB kept output
+    # saving: 80 MiB saved - 1024 * 1024 * 4 B = 4 MiB output kept
+    assert "76.00 MiB" in found[0].message
+    ctx.report.modules += [
+        Module(
+            path=f"a.{i}",
+            type="Layer",
+            parent="a",
+            depth=2,
+            calls=1,
+            saved_activation_bytes=20 * mib,
+        )
+        for i in range(4)
+    ]
+    found = hits_of(run_rules(ctx), "checkpoint-candidate")
+    assert [f.where for f in found] == ["a.0"]  # each Layer of a; not a itself
+    assert "the 4 Layer blocks in 'a' hold 80.00 MiB (80%)" in found[0].message
 
 
 def test_gradients_failed_and_train_mode_failure() -> None:

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 from hostile.kit import add_job, fresh_postgres, get_job, make_settings
@@ -15,7 +21,7 @@ from server.models import Job, utcnow
 from server.queue import enqueue_job, get_huey, job_id_of
 from server.sandbox import sandbox_available
 from server.storage import UploadStore
-from server.worker import MAX_ATTEMPTS, start_embedded_worker, sweep
+from server.worker import MAX_ATTEMPTS, run_worker, start_embedded_worker, sweep
 
 needs_sandbox = pytest.mark.skipif(not sandbox_available()[0], reason=sandbox_available()[1])
 
@@ -170,6 +176,7 @@ def test_sweep_requeues_a_queued_job_whose_message_was_lost(tmp_path):
 
 
 @needs_sandbox
+@pytest.mark.slow
 def test_embedded_worker_runs_queued_jobs_and_stops(tmp_path):
     settings = make_settings(tmp_path)
     job_id = add_job(settings)
@@ -185,3 +192,83 @@ def test_embedded_worker_runs_queued_jobs_and_stops(tmp_path):
         handle.stop()
     assert not handle.alive
     _assert_tiny_model_done(settings, job_id)
+
+
+def _wait_final(settings, job_id: int, timeout_s: float = 180) -> Job:
+    deadline = time.monotonic() + timeout_s
+    while (job := get_job(settings, job_id)).status in ("queued", "running"):
+        assert time.monotonic() < deadline, "the job did not finish"
+        time.sleep(0.2)
+    return job
+
+
+def test_worker_command_refuses_without_a_sandbox(tmp_path, capsys):
+    settings = make_settings(tmp_path, sandbox="none")
+    assert run_worker(settings) == 2
+    assert "refusing to run uploads" in capsys.readouterr().err
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_worker_process_runs_a_job_and_stops_on_sigterm(tmp_path):
+    settings = make_settings(tmp_path)
+    job_id = add_job(settings)
+    enqueue_job(job_id, settings)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "INSPECTOR_DATA_DIR": str(settings.data_dir)}
+    env.update(INSPECTOR_QUEUE_NAME=settings.queue_name, INSPECTOR_DEVICE="cpu")
+    code = "from server.cli_commands import worker; raise SystemExit(worker())"
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
+    try:
+        assert _wait_final(settings, job_id).status == "done"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert b"Traceback" not in proc.stderr.read()
+
+
+@pytest.mark.slow
+def test_trusted_only_mode_runs_unconfined(tmp_path):
+    settings = make_settings(tmp_path, sandbox="none", trusted_only=True)
+    job_id = add_job(settings)
+    assert run_job(job_id, settings) == "done"
+    assert get_job(settings, job_id).params == 36
+
+
+# --- the job child's own pieces (no sandbox) ----------------------------------------------
+
+
+def test_child_error_payload_kinds(tmp_path):
+    from inspector.errors import LoadError
+    from inspector.job import error_payload
+
+    try:
+        try:
+            raise MemoryError()
+        except MemoryError as inner:
+            raise LoadError("building Net() raised MemoryError") from inner
+    except LoadError as exc:
+        assert error_payload(exc, "load", tmp_path)["kind"] == "out_of_memory"
+    user = tmp_path / "upload" / "model.py"
+    user.parent.mkdir()
+    user.write_text("def f():\n    raise KeyError('k')\n")
+    namespace: dict = {}
+    exec(compile(user.read_text(), str(user), "exec"), namespace)
+    try:
+        namespace["f"]()
+    except KeyError as exc:
+        payload = error_payload(exc, "capture", tmp_path)
+    assert payload["kind"] == "user_error" and 'model.py", line 2' in payload["traceback"]
+    try:
+        {}["ours"]
+    except KeyError as exc:
+        assert error_payload(exc, "passes", tmp_path)["kind"] == "internal"
+
+
+def test_child_options_from_job_json():
+    from inspector.job import options_from_json
+
+    options = options_from_json({"optimizer": "sgd", "budgets": [10], "unknown": 1, "fake": None})
+    assert (options.optimizer, options.budgets_bytes, options.fake) == ("sgd", [10], False)

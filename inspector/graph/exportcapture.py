@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from inspector.graph.tensors import tensor_leaves
 
-__all__ = ["WRAPPED", "export_graph", "flat_tensors"]
+__all__ = ["WRAPPED", "export_graph", "flat_tensors", "moving_axes"]
 
 WRAPPED = "model"  # the user's model inside the wrapper: module paths start with it
 
@@ -48,14 +48,41 @@ def flat_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
 
 
 def export_graph(
-    model: nn.Module, args: tuple, kwargs: dict, fake_mode: Any = None
+    model: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    fake_mode: Any = None,
+    dynamic: list[list[int]] | None = None,
 ) -> tuple[Any, fx.GraphModule]:
     """(ExportedProgram, its runnable GraphModule) for `model(*args, **kwargs)`; under
-    `fake_mode` when the model or inputs are fake."""
+    `fake_mode` when the model or inputs are fake. `dynamic[i]` lists the axes of the
+    i-th input tensor left symbolic (Dim.AUTO: export keeps them symbolic where the
+    model allows and specializes them silently where it does not)."""
     wrapper = _Flat(model, args, kwargs)
+    tensors = tuple(flat_tensors(args, kwargs))
+    shapes = None
+    if dynamic and any(dynamic):
+        auto = torch.export.Dim.AUTO
+        shapes = {"tensors": tuple({axis: auto for axis in axes} for axes in dynamic)}
     with _quiet(), fake_mode if fake_mode is not None else nullcontext():
-        ep = torch.export.export(wrapper, tuple(flat_tensors(args, kwargs)), strict=False)
+        ep = torch.export.export(wrapper, tensors, strict=False, dynamic_shapes=shapes)
         return ep, ep.module()
+
+
+def moving_axes(base: list[torch.Tensor], others: list[list[torch.Tensor]]) -> list[list[int]]:
+    """For each input tensor, the axes whose size differs in any of `others` (the same
+    inputs built with one named dim changed)."""
+    out = []
+    for i, t in enumerate(base):
+        axes = {
+            a
+            for other in others
+            if i < len(other) and other[i].dim() == t.dim()
+            for a in range(t.dim())
+            if other[i].shape[a] != t.shape[a]
+        }
+        out.append(sorted(axes))
+    return out
 
 
 @contextmanager

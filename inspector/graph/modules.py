@@ -10,7 +10,9 @@ its own nodes.
 from __future__ import annotations
 
 import inspect
+import linecache
 import os
+import re
 from collections import defaultdict
 from functools import lru_cache
 
@@ -83,12 +85,18 @@ def _shape(t: TensorInfo) -> Shape:
 
 @lru_cache(maxsize=1024)
 def _class_location(cls: type) -> str | None:
+    """file:line of `class Name` (a line scan: inspect.getsourcelines parses the file)."""
     try:
         file = inspect.getsourcefile(cls)
-        _, line = inspect.getsourcelines(cls)
-    except (OSError, TypeError):
+    except TypeError:  # built-in
         return None
-    return f"{os.path.basename(file)}:{line}" if file else None
+    if not file:
+        return None
+    pattern = re.compile(rf"^\s*class\s+{re.escape(cls.__name__)}\b")
+    for number, line in enumerate(linecache.getlines(file), 1):
+        if pattern.match(line):
+            return f"{os.path.basename(file)}:{number}"
+    return None
 
 
 def build_modules(

@@ -6,6 +6,7 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from inspector.report import TensorInfo
 
@@ -44,12 +45,21 @@ def user_location_from_stack(stack: str | None, user_files: Iterable[str]) -> st
     """The "file.py:LINE" of the innermost frame of a recorded stack trace in a user file."""
     if not stack:
         return None
-    roots = [os.path.realpath(f) for f in user_files]
+    roots = tuple(user_files)
     if not roots:
         return None
     found = None
     for path, line in _FRAME.findall(stack):
-        real = os.path.realpath(path)
-        if any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots):
+        if _is_user(path, roots):
             found = f"{os.path.basename(path)}:{line}"
     return found
+
+
+@lru_cache(maxsize=4096)
+def _is_user(path: str, roots: tuple[str, ...]) -> bool:
+    real = os.path.realpath(path)
+    for root in roots:
+        root = os.path.realpath(root)
+        if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
+            return True
+    return False

@@ -2,8 +2,8 @@
 
 The main run uses the captured graph on the context's inputs (real or fake); the runs
 with perturbed dims (symbolic shapes) call the same function with fake inputs. An fx
-graph is shape-generic and is re-run; an export graph bakes its shapes in, so it is
-exported again; hooks simply run the model again.
+graph is shape-generic and is re-run, and so is a symbolic export graph; a static
+one bakes its shapes in, so it is exported again; hooks simply run the model again.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def record_run(
             return record_graph(gm, values, count_flops=count_flops, user_files=files)
     if method == "export":
         gm = ctx.capture.graph_module
-        if not main:  # shapes are baked into an export graph: export at these dims
+        if not main and not ctx.scratch.get("graph.export_dynamic"):
+            # a static export bakes its shapes in: export again at these dims
             _, gm = export_graph(model, inputs.args, inputs.kwargs, fake_mode)
         strip = ctx.scratch.get("graph.strip", WRAPPED)
         flat = flat_tensors(inputs.args, inputs.kwargs)

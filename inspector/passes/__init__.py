@@ -7,12 +7,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from inspector.context import Context
-from inspector.passes import export, graph, memory
+from inspector.passes import export, findings, gradients, graph, memory, modes, numerics
 
 Pass = Callable[[Context], None]
 
 PASSES: list[tuple[str, Pass]] = [
     ("graph", graph.run),  # shapes, parameters, FLOPs -> nodes, modules, totals
     ("memory", memory.run),  # static memory, saved activations, peaks, batch scaling
+    ("gradients", gradients.run),  # one forward + backward: gradient flow per param/layer/node
+    ("numerics", numerics.run),  # Node.stats: ranges, NaN/Inf, dead ReLU, fp16/bf16 hazards
+    ("modes", modes.run),  # train() vs eval(): mode-dependent modules, divergence, BatchNorm
     ("export", export.run),  # torch.export / TorchScript / ONNX readiness
+    ("findings", findings.run),  # lint rules over every section: keep LAST
 ]

@@ -86,7 +86,8 @@ def _symbolic(ctx: Context, records: list[NodeRecord]) -> None:
         except Exception:  # that dim stays concrete; the main run already worked
             return None
 
-    by_name = ctx.capture.method == "export"
+    # a re-exported graph may differ in its node list: match it by node name
+    by_name = ctx.capture.method == "export" and not ctx.scratch.get("graph.export_dynamic")
     failed = apply_sym_shapes(records, dims, rerun, by_name)
     if failed:
         ctx.report.meta.warnings.append(

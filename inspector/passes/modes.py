@@ -41,13 +41,14 @@ def run(ctx: Context) -> None:
         section.error = FAKE_NOTE
         return
     with preserved(ctx.model):
+        # eval first: the train run updates BatchNorm running stats that eval would read
+        evaluated = _forward(ctx, training=False)
         handles = batchnorm_probe(ctx.model, batchnorm)
         try:
             train = _forward(ctx, training=True)
         finally:
             for handle in handles:
                 handle.remove()
-        evaluated = _forward(ctx, training=False)
     section.error = train.error or evaluated.error
     section.computed = section.error is None
     if section.computed:

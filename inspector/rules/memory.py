@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 from inspector.context import Context
@@ -10,10 +11,33 @@ from inspector.report import Finding, Module, Report
 from inspector.rules.registry import finding, rule
 from inspector.units import format_bytes
 
+_ITEMSIZE = {
+    "float64": 8,
+    "int64": 8,
+    "float32": 4,
+    "int32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
+
+
+def _output_bytes(module: Module) -> int:
+    """Bytes of the module's own outputs (concrete shapes only)."""
+    total = 0
+    for shape, dtype in zip(module.output_shapes, module.output_dtypes, strict=False):
+        if all(isinstance(d, int) for d in shape):
+            total += math.prod(shape) * _ITEMSIZE.get(dtype.replace("torch.", ""), 4)
+    return total
+
 
 def _saving(module: Module) -> int:
-    # Checkpointing keeps the block's input/output and recomputes the inside.
-    return max((module.saved_activation_bytes or 0) - module.output_bytes, 0)
+    # Checkpointing keeps the block's output (the next block's input) and recomputes the
+    # inside during backward.
+    return max((module.saved_activation_bytes or 0) - _output_bytes(module), 0)
 
 
 def _candidates(report: Report, total: int, share: float) -> list[Module]:
@@ -47,7 +71,8 @@ def checkpoint_candidate(ctx: Context, report: Report) -> Iterator[Finding]:
     if not total or not any(m.saved_activation_bytes for m in report.modules):
         return
     share = resolve(ctx.options)["checkpoint_share"]
-    for parent, members in _block_groups(report, total, share):
+    groups = _block_groups(report, total, share)
+    for parent, members in groups:
         held = sum(m.saved_activation_bytes for m in members)
         yield finding(
             "checkpoint-candidate",
@@ -58,7 +83,10 @@ def checkpoint_candidate(ctx: Context, report: Report) -> Iterator[Finding]:
             "Wrap each block's call in torch.utils.checkpoint.checkpoint(block, x, "
             "use_reentrant=False).",
         )
+    covered = [parent for parent, _ in groups]
     for module in _candidates(report, total, share):
+        if any(p == module.path or p.startswith(module.path + ".") for p in covered):
+            continue  # its repeated blocks were suggested above
         yield finding(
             "checkpoint-candidate",
             module.path,

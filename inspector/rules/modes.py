@@ -74,8 +74,8 @@ def mode_divergence(ctx: Context, report: Report) -> Iterator[Finding]:
         "mode-divergence",
         modes.first_divergent_node,
         f"train() and eval() outputs differ by up to {modes.output_max_abs_diff:.3g}; the "
-        f"runs diverge first at '{modes.first_divergent_node or '(root)'}'. Mode-dependent modules: "
-        f"{listed or 'none found'}.",
+        f"runs diverge first at '{modes.first_divergent_node or '(root)'}'. "
+        f"Mode-dependent modules: {listed or 'none found'}.",
         "Expected with Dropout/BatchNorm; call model.eval() for inference and "
         "model.train() for training.",
     )

@@ -110,6 +110,9 @@
       num("Grad norm", "grad_norm", grad, "Norm of the gradient w.r.t. the output"),
       { title: "Location", field: "location", minWidth: 100, widthGrow: 1, visible: false, formatter: textCell },
       { title: "Flags", field: "flags", minWidth: 110, widthGrow: 2, formatter: flags, sorter: (a, b) => (a || []).length - (b || []).length },
+      { title: "Graph", field: "_graph", headerSort: false, width: 66, hozAlign: "center", headerTooltip: "Show the row in the graph",
+        formatter: () => '<button type="button" class="to-graph" title="Show in graph">◈ show</button>',
+        cellClick: (e, cell) => { const d = cell.getRow().getData(); showInGraph(view === "modules" ? d.path : d.name); } },
     ]);
   }
 
@@ -215,7 +218,7 @@
   }
 
   // --- findings jump to their row ----------------------------------------------------------------
-  async function focusWhere(where) {
+  async function focusWhere(where, { scroll = true } = {}) {
     let kind = modulePaths.has(where) ? "modules" : nodeNames.has(where) ? "nodes" : null;
     if (!kind) { MGI.toast(`"${where}" is not a row of the table`); return; }
     $("table-search").value = "";
@@ -227,7 +230,7 @@
     if (kind === "nodes") t.clearHeaderFilter();
     const row = kind === "modules" ? expandTo(where) : t.getRow(where);
     if (!row) return;
-    $("layers").scrollIntoView({ behavior: "instant", block: "start" });
+    if (scroll) $("layers").scrollIntoView({ behavior: "instant", block: "start" });
     await t.scrollToRow(row, "center", true);
     t.deselectRow();
     row.select();
@@ -286,6 +289,29 @@
     });
   }
 
+  // --- the graph: a node selects its table row; a row's "show" opens the graph at it -----------
+  let graph = null;
+  const isRow = (where) => modulePaths.has(where) || nodeNames.has(where);
+  function startGraph() {
+    const el = $("report-graph");
+    if (!el || typeof MGIGraph === "undefined") return;
+    let painted = false;
+    graph = MGIGraph.mount(el, report, {
+      filename: `graph-${data.slug}`,
+      onSelect: (item) => { if (isRow(item.where)) focusWhere(item.where, { scroll: false }); },
+      onShowInTable: (where) => (isRow(where) ? focusWhere(where) : MGI.toast(`"${where}" is not a row of the table`)),
+      onRender: () => { if (!painted) { painted = true; performance.mark("mgi:graph"); } },
+    });
+    window.MGIReport.graph = graph;
+  }
+
+  async function showInGraph(where) {
+    if (!graph || !graph.ready) { MGI.toast("No graph for this report"); return; }
+    await graph.ready;
+    $("graph").scrollIntoView({ behavior: "instant", block: "start" });
+    if (!(await graph.reveal(where))) MGI.toast(`"${where}" is not in the graph`);
+  }
+
   // --- readiness, for tests and the benchmark ----------------------------------------------------
   const pending = new Set(["table", "charts"]);
   function markReady(what) {
@@ -309,6 +335,7 @@
     markReady("table");
   }
   // Charts after the table's first paint: the table is what people look at first.
-  requestAnimationFrame(() => setTimeout(() => { MGICharts.renderReport(report, data.budgets); markReady("charts"); }, 0));
-  window.MGIReport = { focusWhere, tables };
+  // The graph's layout runs in a worker meanwhile.
+  window.MGIReport = { focusWhere, tables, showInGraph, graph: null };
+  requestAnimationFrame(() => setTimeout(() => { startGraph(); MGICharts.renderReport(report, data.budgets); markReady("charts"); }, 0));
 })();

@@ -1,0 +1,88 @@
+"""Train vs eval: mode-dependent modules, divergence, BatchNorm checks, state restored."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import make_mlp, make_small_cnn
+from test_rules import Training
+from torch import nn
+
+from inspector.context import Options
+from inspector.health.adhoc import context_for
+from inspector.health.modecheck import reads_training
+from inspector.passes import modes
+
+
+def run(model: nn.Module, *args, **kw):
+    ctx = context_for(model, args, **kw)
+    modes.run(ctx)
+    return ctx
+
+
+def test_small_cnn_divergence_and_restore() -> None:
+    model, (args, _) = make_small_cnn()
+    model.eval()
+    buffers = {k: v.clone() for k, v in model.named_buffers()}
+    rng = torch.get_rng_state()
+    ctx = run(model, *args)
+    section = ctx.report.modes
+    assert section.computed
+    assert section.mode_dependent_modules == ["features.1", "features.5", "dropout"]
+    # the first BatchNorm normalises with batch stats in train(), running stats in eval()
+    assert section.first_divergent_node == "features_1"
+    assert section.output_max_abs_diff > 0
+    conv = next(n for n in ctx.report.nodes if n.name == "features_0")
+    assert conv.mode_divergence == 0.0  # conv is the same in both modes
+    # restored: eval mode, running stats and RNG untouched by the pass
+    assert not any(m.training for m in model.modules())
+    assert all(torch.equal(v, buffers[k]) for k, v in model.named_buffers())
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_divergence_equals_direct_comparison() -> None:
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), torch.randn(16, 4)
+    section = run(model, x).report.modes
+    with torch.no_grad():
+        evaluated = model.eval()(x)  # before train(), which moves the running stats
+        expected = (model.train()(x) - evaluated).abs().max().item()
+    assert section.output_max_abs_diff == pytest.approx(expected, rel=1e-6)
+    assert section.first_divergent_node == "_1"
+
+
+def test_no_divergence_without_mode_dependent_modules() -> None:
+    model, (args, _) = make_mlp(batch=4)
+    section = run(model, *args).report.modes
+    assert section.mode_dependent_modules == []
+    assert section.output_max_abs_diff == 0.0 and section.first_divergent_node is None
+
+
+def test_reads_training_detects_custom_modules() -> None:
+    assert reads_training(Training) and not reads_training(nn.Linear)
+    assert run(Training(), torch.randn(2, 4)).report.modes.mode_dependent_modules == [""]
+
+
+def test_batchnorm_with_one_value_per_channel() -> None:
+    for model, x in [
+        (nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8)), torch.randn(1, 4)),
+        (nn.Sequential(nn.Conv2d(3, 8, 1), nn.BatchNorm2d(8)), torch.randn(1, 3, 1, 1)),
+    ]:
+        model.eval()  # fine in eval, fails in train
+        ctx = run(model, x)
+        bn = ctx.scratch["modes.batchnorm"]["1"]
+        assert bn.values_per_channel == 1 and bn.shape[0] == 1
+        assert "Expected more than 1 value per channel" in ctx.report.modes.error
+        assert not model.training  # mode restored after the failing train() run
+
+
+def test_values_per_channel() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 8, 1), nn.BatchNorm2d(8))
+    ctx = run(model, torch.randn(2, 3, 3, 5))
+    assert ctx.scratch["modes.batchnorm"]["1"].values_per_channel == 2 * 3 * 5
+
+
+def test_fake_mode_is_skipped() -> None:
+    section = run(Training(), torch.randn(2, 4), options=Options(fake=True)).report.modes
+    assert not section.computed and "fake" in section.error
+    assert section.mode_dependent_modules == [""]  # structural: still listed

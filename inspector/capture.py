@@ -99,11 +99,13 @@ def _export(ctx: Context) -> tuple[CaptureResult, Any]:
         try:
             ep, gm = export_graph(ctx.model, args, kwargs, ctx.fake_mode, dynamic=dynamic)
             ctx.scratch["graph.export_dynamic"] = True
+            ctx.scratch["graph.reexport"] = False  # perturbed runs re-run this graph
             return CaptureResult(method="export", attempts=[], graph_module=gm, exported=ep), None
         except Exception:  # a static export may still work
             pass
     ep, gm = export_graph(ctx.model, args, kwargs, ctx.fake_mode)
     ctx.scratch["graph.export_dynamic"] = False
+    ctx.scratch["graph.reexport"] = True  # its shapes are baked in
     return CaptureResult(method="export", attempts=[], graph_module=gm, exported=ep), None
 
 
@@ -113,7 +115,7 @@ def _dynamic_axes(ctx: Context) -> list[list[int]] | None:
     dims = dict(ctx.inputs.dims)
     if not dims:
         return None
-    mode, others = perturb_fake_mode(ctx), []
+    mode, others, names = perturb_fake_mode(ctx), [], []
     for d, v in dims.items():
         changed = {**dims, d: perturbed_value(v)}
         try:
@@ -122,8 +124,24 @@ def _dynamic_axes(ctx: Context) -> list[list[int]] | None:
         except Exception:  # that dim stays static
             continue
         others.append(flat_tensors(inputs.args, inputs.kwargs))
-    axes = moving_axes(flat_tensors(ctx.inputs.args, ctx.inputs.kwargs), others)
+        names.append(d)
+    base = flat_tensors(ctx.inputs.args, ctx.inputs.kwargs)
+    # which named dim moves each axis: the graph pass reads the symbols back by these
+    ctx.scratch["graph.axis_dims"] = _axis_dims(base, others, names)
+    axes = moving_axes(base, others)
     return axes if any(axes) else None
+
+
+def _axis_dims(base: list, others: list[list], names: list[str]) -> list[dict[int, str]]:
+    """For each input tensor, {axis: the one named dim that moves it}."""
+    out = []
+    for i, t in enumerate(base):
+        moved: dict[int, str | None] = {}
+        for name, other in zip(names, others, strict=True):
+            for axis in moving_axes([t], [other[i : i + 1]])[0]:
+                moved[axis] = None if axis in moved else name  # two dims: neither
+        out.append({a: n for a, n in moved.items() if n})
+    return out
 
 
 def _loaded_export(ctx: Context) -> tuple[CaptureResult, Any]:

@@ -186,3 +186,12 @@ def test_model_state_is_restored() -> None:
     assert [m.training for m in model.modules()] == flags
     assert all(p.grad is None for p in model.parameters())
     assert torch.equal(torch.get_rng_state(), rng)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+def test_gradients_on_cuda() -> None:
+    model, x = mlp().cuda(), torch.randn(4, 6, device="cuda")
+    section = run(model, x, options=Options(device="cuda")).report.gradients
+    expected = torch.autograd.grad(default_loss(model(x)), list(model.parameters()))
+    for row, grad in zip(section.params, expected, strict=True):
+        assert row.grad_norm == pytest.approx(grad.norm().item(), rel=1e-5)

@@ -272,3 +272,11 @@ def test_error_json_maps_to_status(tmp_path):
     ending = ending_from_outcome(Outcome("failed", "exited with status 1", 1), tmp_path, "load")
     assert (ending.status, ending.stage) == ("out_of_memory", "capture")
     assert "fake=true" in ending.error["message"]  # says what to do
+
+
+def test_a_job_dir_inside_the_bound_runtime_is_refused():
+    from server.sandbox.bwrap import bwrap_argv
+
+    for inside in (Path(sys.prefix) / "data" / "jobs" / "1-x", Path("/usr/local/jobs/1-x")):
+        with pytest.raises(ValueError, match="must not lie inside the runtime"):
+            bwrap_argv(inside, ["true"], env={}, seccomp_fd=3, tmp_bytes=MiB)

@@ -272,3 +272,33 @@ def test_child_options_from_job_json():
 
     options = options_from_json({"optimizer": "sgd", "budgets": [10], "unknown": 1, "fake": None})
     assert (options.optimizer, options.budgets_bytes, options.fake) == ("sgd", [10], False)
+
+
+def test_job_dir_for_a_zip_with_an_input_file(tmp_path):
+    import io
+    import json
+    import zipfile
+
+    from server.jobs import _claim, _prepare_dir, worker_id
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("pkg/model.py", "from pkg.layers import Net\n")
+        archive.writestr("pkg/layers.py", "class Net: ...\n")
+    settings = make_settings(tmp_path)
+    job_id = add_job(
+        settings, buffer.getvalue(), filename="m.zip", kind="zip",
+        entrypoint="pkg/model.py:Net", input_file=("../x.pt", b"tensor bytes"),
+        options={"optimizer": "sgd", "device": "cuda"},
+    )  # fmt: skip
+    spec = _claim(session_factory_for(str(settings.database_url)), job_id, worker_id())
+    job_dir = _prepare_dir(spec, settings)
+    assert (job_dir / "upload/pkg/layers.py").read_text() == "class Net: ...\n"
+    assert (job_dir / "input/x.pt").read_bytes() == b"tensor bytes"  # no way out of input/
+    job = json.loads((job_dir / "job.json").read_text())
+    assert job == {
+        "model": "upload/pkg/model.py:Net",
+        "input": "input/x.pt",
+        "options": {"optimizer": "sgd", "device": "cpu"},  # this worker is cpu-only
+    }
+    assert get_job(settings, job_id).status == "running"

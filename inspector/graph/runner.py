@@ -39,7 +39,7 @@ def record_run(
             return record_graph(gm, values, count_flops=count_flops, user_files=files)
     if method == "export":
         gm = ctx.capture.graph_module
-        if not main and not ctx.scratch.get("graph.export_dynamic"):
+        if not main and ctx.scratch.get("graph.reexport", True):
             # a static export bakes its shapes in: export again at these dims
             _, gm = export_graph(model, inputs.args, inputs.kwargs, fake_mode)
         strip = ctx.scratch.get("graph.strip", WRAPPED)

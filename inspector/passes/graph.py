@@ -17,6 +17,7 @@ from inspector.graph.params import ParamTable, param_table
 from inspector.graph.records import NodeRecord
 from inspector.graph.runner import perturb_fake_mode, preserved_state, record_run
 from inspector.graph.symdims import apply_sym_shapes
+from inspector.graph.symmeta import apply_meta_sym_shapes, symbol_names
 from inspector.graph.tensors import nbytes
 from inspector.report import Node, Totals
 from inspector.tracebacks import format_user_traceback, user_location
@@ -75,6 +76,8 @@ def _symbolic(ctx: Context, records: list[NodeRecord]) -> None:
     dims = dict(ctx.inputs.dims)
     if not dims or not records:
         return
+    if _symbolic_from_export(ctx, records):
+        return
     mode = perturb_fake_mode(ctx)
 
     def rerun(dim: str, value: int) -> list[NodeRecord] | None:
@@ -87,13 +90,30 @@ def _symbolic(ctx: Context, records: list[NodeRecord]) -> None:
             return None
 
     # a re-exported graph may differ in its node list: match it by node name
-    by_name = ctx.capture.method == "export" and not ctx.scratch.get("graph.export_dynamic")
+    by_name = ctx.capture.method == "export" and ctx.scratch.get("graph.reexport", True)
     failed = apply_sym_shapes(records, dims, rerun, by_name)
     if failed:
         ctx.report.meta.warnings.append(
             f"shapes with {', '.join(failed)} changed did not run: "
             "those dims are shown as plain numbers."
         )
+
+
+def _symbolic_from_export(ctx: Context, records: list[NodeRecord]) -> bool:
+    """A symbolic export graph names its sizes itself: no extra runs needed."""
+    if not ctx.scratch.get("graph.export_dynamic"):
+        return False
+    gm = ctx.capture.graph_module
+    axis_dims = ctx.scratch.get("graph.axis_dims", [])
+    names = symbol_names(gm, axis_dims)
+    wanted = {d for axes in axis_dims for d in axes.values()}
+    if not names or set(names.values()) != wanted:
+        # export kept a dim static (a size of 1 is always specialized): export again
+        # with each dim changed, and match nodes by name
+        ctx.scratch["graph.reexport"] = True
+        return False
+    apply_meta_sym_shapes(gm, records, names, list(ctx.inputs.dims))
+    return True
 
 
 def _backward(ctx: Context, records: list[NodeRecord]) -> tuple[int, dict[str, int]]:

@@ -16,6 +16,7 @@ from inspector.health.outputs import flat_tensors, float_outputs
 from inspector.health.state import preserved, seeded
 from inspector.health.thresholds import resolve
 from inspector.health.values import NodeRef, run_nodes
+from inspector.report import Node
 from inspector.tracebacks import user_location
 
 __all__ = ["run", "FAKE_NOTE"]
@@ -27,6 +28,7 @@ _MAX_KEPT_BYTES = 1 << 30  # node outputs kept from the train run to compare wit
 @dataclass
 class _Run:
     values: dict[str, torch.Tensor] = field(default_factory=dict)  # in forward order
+    paths: dict[str, str | None] = field(default_factory=dict)
     outputs: list[torch.Tensor] = field(default_factory=list)
     kept_bytes: int = 0
     error: str | None = None
@@ -77,6 +79,7 @@ def _keep(result: _Run, ref: NodeRef, value: Any) -> None:
     if tensor is None or ref.name in result.values or result.kept_bytes > _MAX_KEPT_BYTES:
         return
     result.values[ref.name] = tensor.detach().clone()
+    result.paths[ref.name] = ref.module_path
     result.kept_bytes += tensor.numel() * tensor.element_size()
 
 
@@ -92,15 +95,28 @@ def _compare(ctx: Context, train: _Run, evaluated: _Run) -> None:
     diffs = [_max_diff(a, b) for a, b in zip(train.outputs, evaluated.outputs, strict=False)]
     section.output_max_abs_diff = max(diffs, default=0.0)
     by_name = {node.name: node for node in ctx.report.nodes}
+    last = _last_node_of_module(ctx)
     for name, value in evaluated.values.items():
         other = train.values.get(name)
         if other is None:
             continue
-        diff = _max_diff(other, value)
-        if name in by_name:
-            by_name[name].mode_divergence = diff
+        node = by_name.get(name) or last.get(evaluated.paths.get(name))
+        if node is not None:
+            node.mode_divergence = _max_diff(other, value)
         close = other.shape == value.shape and torch.allclose(
             other, value, rtol=th["mode_rtol"], atol=th["mode_atol"], equal_nan=True
         )
         if not close and section.first_divergent_node is None:
-            section.first_divergent_node = name
+            section.first_divergent_node = node.name if node is not None else name
+
+
+def _last_node_of_module(ctx: Context) -> dict[str | None, Node]:
+    """Op-level graphs (export) have no node per module call: a module's output is the
+    last node inside it."""
+    last: dict[str | None, Node] = {}
+    for node in ctx.report.nodes:
+        path = node.module_path
+        while path and node.op not in ("placeholder", "get_attr", "output"):
+            last[path] = node
+            path = path.rpartition(".")[0]
+    return last

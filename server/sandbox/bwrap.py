@@ -108,6 +108,11 @@ def bwrap_argv(
     gpu: bool = False,
 ) -> list[str]:
     """`bwrap ... -- command`; `readonly` are paths inside the job dir re-bound read-only."""
+    runtime = runtime_paths()
+    real_job = os.path.realpath(job_dir)
+    if any(real_job == p or real_job.startswith(p + "/") for p in ["/usr", *runtime]):
+        # Its siblings (other jobs, the database) would be readable through the runtime bind.
+        raise ValueError(f"the data dir must not lie inside the runtime ({real_job})")
     args = [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns"]
     args += ["--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL"]
     args += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox"]
@@ -115,7 +120,7 @@ def bwrap_argv(
     for path in ETC_FILES:
         if os.path.exists(path):
             args += ["--ro-bind", path, path]
-    for path in runtime_paths():
+    for path in runtime:
         args += ["--ro-bind", path, path]
     args += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
     args += ["--size", str(tmp_bytes), "--tmpfs", "/dev/shm"]

@@ -3,8 +3,8 @@
    and the info card of a selected node. */
 "use strict";
 const MGIGraphStyle = (() => {
-  const FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif";
-  const MONO = "ui-monospace, SFMono-Regular, Menlo, Consolas, monospace";
+  const FONT = "system-ui, sans-serif";
+  const MONO = "ui-monospace, monospace";
   const KIND_FILL = { box: "#e8edff", node: "#ffffff", placeholder: "#e7f8ee", output: "#eef0f4" };
   const SEVERITY_FILL = { error: "#fdd8d3", warning: "#fde9b8", info: "#d6e8fd" };
   const MEASURES = {
@@ -72,8 +72,8 @@ const MGIGraphStyle = (() => {
   function edgeElements(e, pos) {
     const laid = pos.edges.get(e.id);
     const route = laid ? routeOf(laid, pos) : null;
-    const edge = { group: "edges", data: { id: e.id, source: e.source, target: e.target, label: e.label, route, z: 90 } };
-    if (route) edge.style = segmentStyle(route, pos.at.get(e.source), pos.at.get(e.target));
+    const path = route ? segmentStyle(route, pos.at.get(e.source), pos.at.get(e.target)) : null;
+    const edge = { group: "edges", data: { id: e.id, source: e.source, target: e.target, label: e.label, route, path, z: 90 } };
     const out = [edge];
     for (const l of (laid && laid.labels) || []) {
       const off = pos.at.get(laid.container) || { x: 0, y: 0 };
@@ -105,6 +105,11 @@ const MGIGraphStyle = (() => {
     return { ...style, "curve-style": "segments", "edge-distances": "node-position",
       "segment-weights": bends.map((p) => (((p.x - s.x) * vx + (p.y - s.y) * vy) / len2).toFixed(4)).join(" "),
       "segment-distances": bends.map((p) => (((p.y - s.y) * vx - (p.x - s.x) * vy) / len).toFixed(2)).join(" ") };
+  }
+
+  /** ELK's routes, as style bypasses (Cytoscape ignores some of them at creation). */
+  function applyRoutes(cy) {
+    cy.edges().forEach((e) => { if (e.data("path")) e.style(e.data("path")); });
   }
 
   // --- colour by a measure --------------------------------------------------------------------
@@ -177,5 +182,5 @@ const MGIGraphStyle = (() => {
       + (findings ? `<ul class="graph-findings">${findings}</ul>` : "") + `<div class="info-actions">${buttons}</div>`;
   }
 
-  return { size, labelSize, stylesheet, elements, colour, infoHtml };
+  return { size, labelSize, stylesheet, elements, applyRoutes, colour, infoHtml };
 })();

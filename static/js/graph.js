@@ -8,7 +8,11 @@ const MGIGraph = (() => {
   const S = MGIGraphStyle;
   const WORKER = "/static/vendor/elkjs/elk-worker.min.js";
   let elk = null;
-  const layoutEngine = () => (elk = elk || new ELK({ workerUrl: WORKER }));
+  const early = (url) => { const w = window.MGIGraphWorker; window.MGIGraphWorker = null; return w || new Worker(url); };
+  const layoutEngine = () => (elk = elk || new ELK({ workerUrl: WORKER, workerFactory: early }));
+  // Start the worker (it loads 1.6 MB of ELK) while the rest of the page is built.
+  if (typeof ELK !== "undefined" && document.querySelector(".graph-view")) layoutEngine();
+  if (typeof cytoscape !== "undefined") cytoscape.warnings(false);
 
   const ELK_ROOT = {
     "elk.algorithm": "layered", "elk.direction": "DOWN", "elk.hierarchyHandling": "INCLUDE_CHILDREN",
@@ -53,6 +57,7 @@ const MGIGraph = (() => {
 
   // --- the controller ---------------------------------------------------------------------------
   function mount(root, report, options = {}) {
+    performance.mark("mgi:graph-mount");
     const q = (role) => root.querySelector(`[data-role='${role}']`);
     const state = { model: M.build(report), expanded: null, measure: "kind", query: "", marks: new Map(),
       token: 0, cy: null, view: null, layouts: 0 };
@@ -62,10 +67,10 @@ const MGIGraph = (() => {
     if (!state.model.nodes.length) {
       q("canvas").replaceChildren(Object.assign(document.createElement("p"), { className: "empty", textContent: "No graph was captured for this report." }));
       root.dataset.graphReady = "1";
-      return { state, ready: Promise.resolve() };
+      return (root.mgiGraph = { state, ready: Promise.resolve() });
     }
-    state.cy = cytoscape({ container: q("canvas"), style: S.stylesheet(), wheelSensitivity: 0.3, minZoom: 0.05, maxZoom: 3,
-      boxSelectionEnabled: false, textureOnViewport: true, hideEdgesOnViewport: false, pixelRatio: 1 });
+    state.cy = cytoscape({ container: q("canvas"), style: S.stylesheet(), minZoom: 0.05, maxZoom: 3,
+      boxSelectionEnabled: false, autoungrabify: true });
     const api = { state, root, render, expand, collapse, toggle, reveal, setMeasure, search, setMarks, exportPNG, exportSVG, setExpanded, select };
 
     async function render() {
@@ -75,7 +80,10 @@ const MGIGraph = (() => {
       root.classList.add("busy");
       let laid;
       try {
-        laid = await layoutEngine().layout(elkGraph(v));
+        const g = elkGraph(v);
+        performance.mark("mgi:graph-layout-sent");
+        laid = await layoutEngine().layout(g);
+        performance.mark("mgi:graph-layout-back");
       } catch (err) {
         root.classList.remove("busy");
         q("status").textContent = `Layout failed: ${err && err.message ? err.message : err}`;
@@ -94,19 +102,24 @@ const MGIGraph = (() => {
       cy.startBatch();
       cy.elements().remove();
       cy.add(S.elements(v, pos, state));
+      S.applyRoutes(cy);
       cy.endBatch();
       applyColours();
       applySearch();
       applyMarks();
       cy.$(selected.map((id) => `[id = ${JSON.stringify(id)}]`).join(",") || "#__none").select();
-      cy.fit(undefined, 24);
-      if (cy.zoom() < 0.45 && v.items.length > 40) cy.zoom({ level: 0.45, position: topOf(cy) });
+      startView(cy);
       updateStatus();
     }
 
-    function topOf(cy) {
+    function startView(cy) {
+      // A long narrow graph fitted whole is unreadable: show its top at a readable zoom.
+      cy.fit(undefined, 24);
       const bb = cy.elements().boundingBox();
-      return { x: (bb.x1 + bb.x2) / 2, y: bb.y1 };
+      const readable = Math.min(0.9, (cy.width() - 40) / bb.w);
+      if (cy.zoom() >= 0.6 || readable <= cy.zoom()) return;
+      cy.zoom(readable);
+      cy.pan({ x: cy.width() / 2 - ((bb.x1 + bb.x2) / 2) * readable, y: 20 - bb.y1 * readable });
     }
 
     function updateStatus() {
@@ -244,6 +257,7 @@ const MGIGraph = (() => {
       q("svg").addEventListener("click", () => download(exportSVG(), "svg"));
     }
 
+    root.mgiGraph = api;
     api.ready = render().then(() => { root.dataset.graphReady = "1"; });
     return api;
   }

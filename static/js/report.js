@@ -306,7 +306,7 @@
   }
 
   async function showInGraph(where) {
-    if (!graph || !graph.ready) { MGI.toast("No graph for this report"); return; }
+    if (!graph || !graph.reveal) { MGI.toast("No graph for this report"); return; }
     await graph.ready;
     $("graph").scrollIntoView({ behavior: "instant", block: "start" });
     if (!(await graph.reveal(where))) MGI.toast(`"${where}" is not in the graph`);

@@ -29,11 +29,13 @@ $(STAMP_TEST): pyproject.toml $(STAMP_RUN)
 install: $(STAMP_RUN) system-deps
 install-test: $(STAMP_TEST) system-deps
 
-# bubblewrap for the job sandbox, Debian's chromium for the browser tests.
+# bubblewrap for the job sandbox, Debian's chromium for the browser tests, docker-compose
+# to validate docker-compose.yml (tests/test_deploy.py; no Docker engine needed).
 system-deps:
 	@need=""; \
 	command -v bwrap >/dev/null || need="$$need bubblewrap"; \
 	command -v chromium >/dev/null || need="$$need chromium"; \
+	command -v docker-compose >/dev/null || need="$$need docker-compose"; \
 	if [ -n "$$need" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing:$$need"; \

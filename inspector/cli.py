@@ -312,6 +312,11 @@ def _add_server_commands(commands: argparse._SubParsersAction) -> None:
     upgrade = db_commands.add_parser("upgrade", help="apply the database migrations")
     upgrade.set_defaults(func=lambda a: _call_server("db_upgrade"))
 
+    gc = commands.add_parser("gc", help="delete old reports and their unused uploads (server)")
+    gc.add_argument("--older-than", required=True, metavar="AGE", help="e.g. 90d, 12h, 2w")
+    gc.add_argument("--dry-run", action="store_true", help="list what would go; delete nothing")
+    gc.set_defaults(func=lambda a: _call_server("gc", a))
+
     _add_submit(commands)
 
     _add_token(commands)

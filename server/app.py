@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from inspector import __version__
-from server.api import compare, create, health, reports
+from server.api import compare, create, health, ops, reports
 from server.api.errors import install_error_handlers
 from server.api.middleware import FORM_SLACK_BYTES, BodyLimit
 from server.db import make_engine, make_session_factory
@@ -31,7 +31,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.store = UploadStore(settings.data_dir)
     app.add_middleware(BodyLimit, max_bytes=settings.max_upload_bytes + FORM_SLACK_BYTES)
     install_error_handlers(app)
-    for module in (create, reports, compare, health):
+    for module in (create, reports, compare, health, ops):
         app.include_router(module.router)
     if STATIC_DIR.is_dir():
         app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from server.settings import Settings, get_settings
 
-__all__ = ["serve", "worker", "db_upgrade", "token"]
+__all__ = ["serve", "worker", "db_upgrade", "token", "gc"]
 
 log = logging.getLogger("server")
 
@@ -71,10 +71,12 @@ def worker() -> int:
 
 def _start_worker(settings: Settings) -> Any:
     try:
-        from server.worker import start_embedded_worker
+        from server.worker import start_embedded_worker, start_sweeper
     except ImportError as exc:
         log.warning("no embedded worker (%s): uploads will wait in the queue", exc)
         return None
+    if not settings.embedded_worker:  # separate `inspector worker` processes run the jobs
+        return start_sweeper(settings)
     return start_embedded_worker(settings)
 
 
@@ -85,26 +87,47 @@ def _sigterm_as_interrupt(_signum: int, _frame: Any) -> None:
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000) -> int:
-    """Migrate, then run the web server with an embedded worker; Ctrl-C stops both."""
+    """Migrate, then run the web server with an embedded worker (unless
+    INSPECTOR_EMBEDDED_WORKER=false: then the sweep alone); Ctrl-C stops both."""
     import uvicorn
 
     from server.app import create_app
+    from server.logs import configure_logging
 
     settings = _settings()
     if settings is None or not _upgrade(settings):
         return 2 if settings is None else 1
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s [%(name)s] %(message)s")
+    configure_logging(settings.log_format)
     app = create_app(settings)
     handle = _start_worker(settings)
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    try:
-        uvicorn.run(app, host=host, port=port, log_level="info")
+    try:  # log_config=None: keep our handlers (text or JSON) for uvicorn's records too
+        uvicorn.run(app, host=host, port=port, log_level="info", log_config=None)
     except KeyboardInterrupt:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
         if handle is not None:
             handle.stop()
+    return 0
+
+
+def gc(args: Any) -> int:
+    """`inspector gc --older-than 90d [--dry-run]`: delete old reports and unused uploads."""
+    from server.gc import GcError, parse_age, run_gc
+
+    settings = _settings()
+    if settings is None:
+        return 2
+    try:
+        age = parse_age(args.older_than)
+    except GcError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not _upgrade(settings):
+        return 1
+    result = run_gc(settings, older_than=age, dry_run=args.dry_run)
+    print(result.summary(dry_run=args.dry_run))
     return 0
 
 

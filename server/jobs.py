@@ -26,6 +26,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.db import make_engine, make_session_factory, session_scope
+from server.logs import job_context
 from server.models import Job, utcnow
 from server.sandbox import Limits, job_python_command, run_child, sandbox_available
 from server.sandbox.childfiles import ProgressReader
@@ -186,6 +187,8 @@ def _execute(
     gpu = device in ("auto", "cuda") and any(Path("/dev").glob("nvidia[0-9]*"))
     limits = Limits.from_settings(settings, cuda=gpu)
     beat = _Heartbeat(factory, spec, job_dir, settings.job_heartbeat_s)
+    # One line per sandboxed child started: the load bench counts them (each job runs once).
+    log.info("sandbox start", extra={"event": "sandbox_start", "worker": spec.worker})
     outcome = run_child(
         job_python_command(), job_dir, limits, confined=confined, readonly=READONLY,
         gpu=gpu, on_tick=beat, should_stop=should_stop,
@@ -244,6 +247,12 @@ def run_job(
     job_id: int, settings: Settings, *, should_stop: Callable[[], bool] | None = None
 ) -> str | None:
     """Run job `job_id` if it is still queued; returns its final status (None: not ours)."""
+    with job_context(job_id):
+        status = _run_job(job_id, settings, should_stop)
+    return status
+
+
+def _run_job(job_id: int, settings: Settings, should_stop: Callable[[], bool] | None) -> str | None:
     factory = session_factory_for(str(settings.database_url))
     spec = _claim(factory, job_id, worker_id())
     if spec is None:
@@ -264,6 +273,7 @@ def run_job(
         if job_dir is not None:
             shutil.rmtree(job_dir, ignore_errors=True)
     _finish(factory, spec, ending)
+    log.info("job ended: %s", ending.status, extra={"event": "job_end", "status": ending.status})
     if ending.status == "interrupted":
         from server.queue import enqueue_job
 

@@ -26,6 +26,7 @@ _SIZE_FIELDS = (
     "job_max_file_bytes",
     "job_tmp_bytes",
     "job_output_bytes",
+    "max_data_bytes",
 )
 
 
@@ -67,6 +68,12 @@ class Settings(BaseSettings):
     # Set only behind an authenticating proxy that strips this header from clients.
     trusted_identity_header: str | None = None  # e.g. X-Forwarded-User
     upload_rate_per_minute: int = 30  # per token or proxy user; 0 = no limit
+    # Deployment and operations (server.ops, server.gc, docker-compose.yml):
+    embedded_worker: bool = True  # `serve` runs consumer threads too; false with separate workers
+    log_format: Literal["text", "json"] = "text"  # json: one object a line, with the job id
+    max_data_bytes: int = 0  # stored uploads in total; past it uploads get 507; 0 = no limit
+    job_lost_after_s: float = 30.0  # queued this long while the queue is empty: queue it again
+    protected_branches: str = "main,master"  # `inspector gc` keeps reports tagged branch=<these>
 
     @field_validator(*_SIZE_FIELDS, mode="before")
     @classmethod
@@ -115,6 +122,10 @@ class Settings(BaseSettings):
         return self.data_dir / "uploads"
 
     @property
+    def protected_branch_list(self) -> list[str]:
+        return [b.strip() for b in self.protected_branches.split(",") if b.strip()]
+
+    @property
     def is_sqlite(self) -> bool:
         return str(self.database_url).startswith("sqlite")
 
@@ -127,6 +138,8 @@ def _refuse_unsafe(settings: Settings) -> None:
             "INSPECTOR_TRUSTED_ONLY=true only applies with INSPECTOR_SANDBOX=none "
             "(it accepts running uploads unconfined); unset it to keep the sandbox"
         )
+    if settings.max_data_bytes < 0:
+        problems.append("INSPECTOR_MAX_DATA_BYTES must be 0 (no limit) or more")
     if settings.upload_rate_per_minute < 0:
         problems.append("INSPECTOR_UPLOAD_RATE_PER_MINUTE must be 0 (no limit) or more")
     positive = ("max_upload_bytes", "max_zip_files", "max_zip_uncompressed_bytes", "job_timeout_s")

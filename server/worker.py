@@ -22,17 +22,19 @@ from sqlalchemy import select, update
 
 from server.db import session_scope
 from server.jobs import run_job, session_factory_for
+from server.logs import configure_logging
 from server.models import Job, utcnow
 from server.queue import enqueue_job, get_huey, job_id_of
 from server.sandbox import sandbox_available
 from server.settings import Settings
 
-__all__ = ["run_worker", "start_embedded_worker", "WorkerHandle", "sweep", "MAX_ATTEMPTS"]
+__all__ = [
+    "run_worker", "start_embedded_worker", "start_sweeper", "WorkerHandle", "sweep", "MAX_ATTEMPTS",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 2  # a job whose worker died is retried once
 POLL_S = 0.1  # SQLite queue polling (Redis blocks on its list instead)
-LOST_AFTER_S = 30.0  # a queued job older than this with an empty queue lost its message
 
 
 def _consume(settings: Settings, stop: threading.Event) -> None:
@@ -75,33 +77,44 @@ def sweep(settings: Settings) -> dict[str, list[int]]:
             select(Job).where(Job.status == "running", Job.heartbeat_at < stale_before)
         ).all()
         for job in stale:
-            guard = (
-                Job.id == job.id,
-                Job.status == "running",
-                Job.heartbeat_at == job.heartbeat_at,
-            )
-            if job.attempts < MAX_ATTEMPTS:
-                values = {"status": "queued", "stage": "requeued", "worker_id": None}
-                result["requeued"].append(job.id)
-            else:
-                message = _stale_message(job.attempts)
-                error = {"kind": "worker_lost", "message": message, "stage": job.stage}
-                values = {"status": "failed", "finished_at": now, "error_kind": "worker_lost"}
-                values.update(error_message=message, error_json=error)
-                result["failed"].append(job.id)
-            session.execute(update(Job).where(*guard).values(**values))
+            outcome = _settle_stale(session, job, now)
+            if outcome is not None:  # None: another sweep (worker or server) got there first
+                result[outcome].append(job.id)
         result["lost"] = _lost_jobs(session, settings, now)
     for job_id in result["requeued"] + result["lost"]:
-        enqueue_job(job_id, settings)
+        try:
+            enqueue_job(job_id, settings)
+        except Exception:  # queue down: the row stays queued; a later sweep finds it lost
+            log.warning("sweep: could not queue job %s again (queue down?)", job_id)
     if any(result.values()):
         log.warning("sweep: %s", result)
     return result
 
 
+def _settle_stale(session, job: Job, now: dt.datetime) -> str | None:  # noqa: ANN001
+    """Queue a dead worker's job again (first loss) or fail it (`worker_lost`)."""
+    guard = (Job.id == job.id, Job.status == "running", Job.heartbeat_at == job.heartbeat_at)
+    if job.attempts < MAX_ATTEMPTS:
+        values = {"status": "queued", "stage": "requeued", "worker_id": None}
+        outcome = "requeued"
+    else:
+        message = _stale_message(job.attempts)
+        error = {"kind": "worker_lost", "message": message, "stage": job.stage}
+        values = {"status": "failed", "finished_at": now, "error_kind": "worker_lost"}
+        values.update(error_message=message, error_json=error)
+        outcome = "failed"
+    rows = session.execute(update(Job).where(*guard).values(**values)).rowcount
+    return outcome if rows == 1 else None
+
+
 def _lost_jobs(session, settings: Settings, now: dt.datetime) -> list[int]:  # noqa: ANN001
-    if get_huey(settings).pending_count() > 0:
-        return []  # they may still be in the queue, behind others
-    old = now - dt.timedelta(seconds=LOST_AFTER_S)
+    try:
+        if get_huey(settings).pending_count() > 0:
+            return []  # they may still be in the queue, behind others
+    except Exception:  # queue down: keep the stale-job changes, look for lost ones next time
+        log.warning("sweep: the queue does not answer; lost jobs are looked for next time")
+        return []
+    old = now - dt.timedelta(seconds=settings.job_lost_after_s)
     query = select(Job.id).where(Job.status == "queued", Job.created_at < old)
     return list(session.scalars(query.order_by(Job.id).limit(100)))
 
@@ -125,9 +138,11 @@ class WorkerHandle:
     stop_event: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
     refusal: str | None = None  # why no job runs on this worker, if so
+    consumers: bool = True  # False: the sweep alone (a server beside separate workers)
 
     def start(self) -> WorkerHandle:
-        targets = [(_consume, f"inspector-worker-{i + 1}") for i in range(self._count())]
+        count = self._count() if self.consumers else 0
+        targets = [(_consume, f"inspector-worker-{i + 1}") for i in range(count)]
         targets.append((_sweeper, "inspector-sweeper"))
         for target, name in targets:
             thread = threading.Thread(
@@ -172,9 +187,16 @@ def start_embedded_worker(settings: Settings) -> WorkerHandle:
     return handle.start()
 
 
+def start_sweeper(settings: Settings) -> WorkerHandle:
+    """The periodic sweep alone: `serve` runs it when the workers are separate processes, so
+    no job stays `running` forever even while every worker is down."""
+    log.info("no embedded worker (INSPECTOR_EMBEDDED_WORKER=false): sweep only")
+    return WorkerHandle(settings, consumers=False).start()
+
+
 def run_worker(settings: Settings) -> int:
     """`inspector worker`: run until SIGINT/SIGTERM; 2 when no sandbox works here."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s [%(name)s] %(message)s")
+    configure_logging(settings.log_format)
     refusal = check_sandbox(settings)
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr)

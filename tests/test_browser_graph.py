@@ -111,7 +111,9 @@ def click_item(page, element_id: str, *, double: bool = False, graph: str = G, r
     """Centre the item in the canvas, then click it with the mouse where it is drawn."""
     pos = page.evaluate(
         f"""(id) => {{ const cy = {graph}.state.cy; const el = cy.getElementById(id);
-        cy.center(el); return el.renderedPosition(); }}""",
+        cy.center(el); const p = el.renderedPosition();
+        // An open module is hit on its title band, not at its centre (where its nodes are).
+        return el.data('kind') === 'group' ? {{ x: p.x, y: el.renderedBoundingBox().y1 + 12 }} : p; }}""",
         element_id,
     )
     box = page.locator(f"#{root} [data-role='canvas']").bounding_box()
@@ -149,7 +151,7 @@ def test_resnet_opens_as_stages_and_a_block_shows_its_nodes(page, server, resnet
     wait_layouts(page, 3)
     inside = page.evaluate(f"{G}.state.view.items.filter(i => i.parent === 'm:layer2.0').map(i => i.title)")
     # Forward order: the skip path's downsample (a Sequential of 2: one box) runs first.
-    assert inside == ["downsample", "conv1", "bn1", "relu", "conv2", "bn2", "add", "relu"]
+    assert inside == ["downsample", "conv1", "bn1", "relu", "conv2", "bn2", "add_2", "relu"]
     # The first conv of layer2 has stride 2: 8 -> 4 with 128 channels; the skip path too.
     assert edge_labels(page).count("[B, 128, 4, 4] f32") >= 5
     shot(page, "graph-resnet18-layer2-open.png")
@@ -235,16 +237,17 @@ def _hooks_report() -> Report:
 
 def test_hook_capture_is_chained_in_call_order(page, server):
     open_graph(page, server, server.insert(_hooks_report(), name="hooks"))
-    # The root's and enc's own calls are drawn as the graph and the box: leaf calls remain.
-    assert items(page, "box") == ["enc"]
-    assert items(page, "node") == ["head"]
-    assert page.evaluate(f"{G}.state.view.edges.map(e => [e.source, e.target])") == [
-        ["m:enc", "n:4"]
-    ]
-    click_item(page, "m:enc", double=True)
-    wait_layouts(page, 2)
+    # The root's and enc's own calls are drawn as the graph and enc's frame; enc holds 2 of
+    # the 3 leaf calls, so it starts open. No producer links: calls follow each other.
+    assert items(page, "group") == ["enc · Sequential"]
+    assert items(page, "node") == ["enc.0", "enc.1", "head"]
     edges = page.evaluate(f"{G}.state.view.edges.map(e => [e.source, e.target, e.label])")
     assert edges == [["n:2", "n:3", "[B, 8] f32"], ["n:3", "n:4", "[B, 8] f32"]]
+    click_item(page, "m:enc", double=True)  # double-click an open module: close it
+    wait_layouts(page, 2)
+    assert items(page, "box") == ["enc"]
+    edges = page.evaluate(f"{G}.state.view.edges.map(e => [e.source, e.target])")
+    assert edges == [["m:enc", "n:4"]]
 
 
 def test_5000_nodes_start_collapsed(page, server):

@@ -302,3 +302,16 @@ def test_gpt2_small_full_config_in_fake_mode() -> None:
         "lm_head"
     ).tied_params == ["lm_head.weight"]
     assert report.module("").output_shapes[0] == ["B", "S", 50257]
+
+
+def test_symbolic_export_and_perturbed_reexports_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two independent ways to name dims: symbols of one symbolic export, and re-exports
+    with each dim changed (what a static export needs)."""
+    symbolic = run_model("gpt2", B=2, S=8)
+    import inspector.capture as capture
+
+    monkeypatch.setattr(capture, "_dynamic_axes", lambda ctx: None)  # static export only
+    static = run_model("gpt2", B=2, S=8)
+    assert [m.output_shapes for m in symbolic.modules] == [m.output_shapes for m in static.modules]
+    assert symbolic.module("transformer.h.0.mlp.c_fc").output_shapes == [["B", "S", 256]]
+    assert symbolic.totals.flops_forward == static.totals.flops_forward

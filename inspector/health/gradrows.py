@@ -11,7 +11,7 @@ from inspector.health.backprop import BackwardRun
 from inspector.health.cutsite import cut_for, fx_cut_node
 from inspector.report import LayerGrad, ParamGrad
 
-__all__ = ["param_rows", "layer_rows", "owner"]
+__all__ = ["param_rows", "layer_rows", "owner", "module_grad_norms"]
 
 
 def owner(name: str) -> str:
@@ -117,6 +117,3 @@ def module_grad_norms(params: list[ParamGrad]) -> dict[str, float]:
             path = ".".join(parts[:depth])
             sums[path] = sums.get(path, 0.0) + row.grad_norm**2
     return {path: math.sqrt(total) for path, total in sums.items()}
-
-
-__all__ += ["module_grad_norms"]

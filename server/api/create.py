@@ -13,6 +13,7 @@ from server.api.errors import ApiError
 from server.api.formfields import parse_name, parse_options, parse_tags
 from server.api.inputcheck import check_input_file, check_input_spec, input_file_kind
 from server.api.modelcheck import check_model, model_kind, safe_filename
+from server.api.quota import check_quota, disk_full_error, is_disk_full
 from server.api.schemas import CreatedReport, ErrorResponse
 from server.api.views import job_urls
 from server.auth import UPLOAD_AUTH_RESPONSES, UploaderDep
@@ -26,6 +27,7 @@ _ERRORS = {
     413: {"model": ErrorResponse, "description": "upload over the size limit"},
     422: {"model": ErrorResponse, "description": "the upload does not check out"},
     503: {"model": ErrorResponse, "description": "no sandbox: uploads refused"},
+    507: {"model": ErrorResponse, "description": "the upload store is full"},
 } | UPLOAD_AUTH_RESPONSES
 
 
@@ -42,6 +44,10 @@ def _stage(stack: ExitStack, store: UploadStore, upload: UploadFile, limit: int)
     except TooLarge as exc:
         what = upload.filename or "upload"
         raise ApiError(413, "too_large", f"{what} is larger than {exc.limit} bytes") from exc
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise disk_full_error() from exc
+        raise
 
 
 def _stage_model(
@@ -117,6 +123,7 @@ def create_report(
         upload, entry = _stage_model(stack, store, settings, model, entrypoint)
         tensors = _stage_input(stack, store, settings, input, input_file)
         job_name = parse_name(name, default=entry if upload.kind != "pt2" else upload.filename)
+        check_quota(session, settings, store, [i.staged for i in filter(None, (upload, tensors))])
         for item in filter(None, (upload, tensors)):  # files first: a row never lacks its file
             store.commit(item.staged)
             queries.ensure_upload(

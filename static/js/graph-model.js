@@ -29,16 +29,25 @@ const MGIGraphModel = (() => {
   function build(report, options = {}) {
     const hooks = (report.capture || {}).method === "hooks";
     const moduleInfo = new Map((report.modules || []).map((m) => [m.path, m]));
-    let nodes = (report.nodes || []).filter((n) => options.showWeights || n.op !== "get_attr");
+    const all = (report.nodes || []).map((n) => ({ ...n, module_path: knownPath(n.module_path || "", moduleInfo) }));
+    let nodes = all.filter((n) => options.showWeights || n.op !== "get_attr");
     if (hooks) nodes = leafCalls(nodes);
     const byId = new Map(nodes.map((n) => [n.id, n]));
-    const groups = findGroups(nodes, moduleInfo);
+    const groups = findGroups(nodes, moduleInfo, all);
     const owner = new Map(nodes.map((n) => [n.id, groupChain(n.module_path || "", groups)]));
     const edges = hooks ? callOrderEdges(nodes, byId) : inputEdges(nodes, byId);
     const byName = new Map(nodes.map((n) => [n.name, n]));
     const model = { report, nodes, byId, byName, groups, owner, edges, moduleInfo, hooks };
     model.measures = measures(model);
     return model;
+  }
+
+  function knownPath(path, moduleInfo) {
+    // torch.export may tag nodes with paths of its own (e.g. "_empty_nn_module_stack_..."):
+    // keep the longest part of the path that is a module of the report.
+    if (!moduleInfo.size || moduleInfo.has(path)) return path;
+    const known = ancestors(path).filter((p) => moduleInfo.has(p));
+    return known.length ? known[known.length - 1] : "";
   }
 
   function leafCalls(nodes) {
@@ -48,7 +57,7 @@ const MGIGraphModel = (() => {
     return nodes.filter((n) => !(n.module_path === "" && nodes.length > 1) && !parents.has(n.module_path || ""));
   }
 
-  function findGroups(nodes, moduleInfo) {
+  function findGroups(nodes, moduleInfo, all) {
     // Which module paths are drawn as a box: those holding 2+ nodes, where the nodes are
     // not all calls of the same leaf module (a ReLU called twice is two nodes, not a box).
     const count = new Map();
@@ -60,12 +69,13 @@ const MGIGraphModel = (() => {
       const leaf = chain[chain.length - 1];
       if (leaf !== undefined) atomic.set(leaf, (atomic.get(leaf) ?? true) && ATOMIC_OPS.has(n.op));
     }
+    const typeOf = new Map(all.filter((n) => n.module_type).map((n) => [n.module_path, n.module_type]));
     const groups = new Map();
     for (const [path, c] of count) {
       const leafOnly = !hasChild.has(path);
       if (c < 2 || (leafOnly && atomic.get(path))) continue;
-      const info = moduleInfo.get(path) || {};
-      groups.set(path, { path, type: info.type || "", count: c, info: moduleInfo.get(path) || null });
+      const info = moduleInfo.get(path) || null;
+      groups.set(path, { path, type: (info && info.type) || typeOf.get(path) || "", count: c, info });
     }
     return groups;
   }

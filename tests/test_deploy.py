@@ -80,10 +80,10 @@ def _add_job(client: TestClient, status: str, run_s: float | None = None, **cols
     factory = client.app.state.session_factory
     now = utcnow()
     with factory() as session:
+        values = {"upload_sha256": "a" * 64, "upload_filename": "m.py"} | cols
         job = Job(
-            name="m", status=status, upload_sha256="a" * 64, upload_filename="m.py",
-            upload_kind="py", entrypoint="m.py:Net", options={}, **cols,
-        )  # fmt: skip
+            name="m", status=status, upload_kind="py", entrypoint="m.py:Net", options={}, **values
+        )
         if run_s is not None:
             job.started_at, job.finished_at = now - dt.timedelta(seconds=run_s), now
         session.add(job)

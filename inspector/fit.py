@@ -32,9 +32,13 @@ def check_inputs_fit(model: nn.Module, inputs: Inputs, user_files: list[str]) ->
     Exceptions only a fake run can raise (data-dependent control flow, an op without a
     fake kernel) say nothing about the inputs: they are ignored here.
     Buffers (BatchNorm statistics) are restored afterwards, so the check leaves no trace.
+    It runs in eval mode: a train-mode-only failure (BatchNorm on one value per channel)
+    is not a shape mismatch, and the modes pass reports it as a finding.
     """
     tracker = _Tracker(model)
     saved = {name: b.clone() for name, b in model.named_buffers()}
+    training = {m: m.training for m in model.modules()}
+    model.eval()
     try:
         with torch.no_grad(), tracker:
             inputs.call(model)
@@ -44,6 +48,8 @@ def check_inputs_fit(model: nn.Module, inputs: Inputs, user_files: list[str]) ->
         raise _explain(exc, tracker.stack, model, user_files) from exc
     finally:
         _restore(model, saved)
+        for module, mode in training.items():
+            module.training = mode
 
 
 @dataclass

@@ -27,7 +27,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for `url`; SQLite gets its directory created, foreign keys and WAL."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True, **kwargs)
+        # Up to 50 connections: more than the web server's 40 request threads, so a burst of
+        # requests waits on the database, never times out waiting for the pool (a 500).
+        pool = {"pool_size": 10, "max_overflow": 40, "pool_timeout": 60} | kwargs
+        return create_engine(url, pool_pre_ping=True, **pool)
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"timeout": 30}, **kwargs)

@@ -141,7 +141,7 @@ def test_tied_weight_counted_once_and_marked(fake: bool) -> None:
     assert report.totals.params == 800 + 272 == 1_072
     assert report.totals.tied_params == 800
     head = report.module("head")
-    assert head.tied_params == ["weight"] or head.tied_params == ["head.weight"]
+    assert head.tied_params == ["head.weight"]
     assert head.params == 0 and report.module("emb").params == 800
     assert report.module("").tied_params == []
     # the head still computes: 2 * B * S * 16 * 50 = 2 * 2 * 6 * 800
@@ -287,23 +287,20 @@ def test_nodes_have_ids_inputs_and_module_types() -> None:
 def test_gpt2_small_full_config_in_fake_mode() -> None:
     ctx = make_ctx(
         lambda: models.make_gpt2()[0],
-        lambda B, S: (
-            models.make_gpt2(batch=B, seq=S)[1]
-            if False
-            else ((), {"input_ids": torch.randint(0, 50257, (B, S))})
-        ),
+        # B = 1: export always specializes a size of 1, so B is found by re-exporting
+        lambda B, S: ((), {"input_ids": torch.randint(0, 50257, (B, S))}),
         {"B": 1, "S": 16},
         fake=True,
     )
     report = inspect_ctx(ctx)
     assert report.capture.method == "export"
     assert report.totals.params == models.GPT2_PARAMS == 124_439_808
-    assert report.module("lm_head").tied_params == ["weight"] or report.module(
-        "lm_head"
-    ).tied_params == ["lm_head.weight"]
+    assert report.module("lm_head").tied_params == ["lm_head.weight"]
+    assert report.totals.tied_params == 50257 * 768  # the token embedding, once
     assert report.module("").output_shapes[0] == ["B", "S", 50257]
 
 
+@pytest.mark.slow
 def test_symbolic_export_and_perturbed_reexports_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two independent ways to name dims: symbols of one symbolic export, and re-exports
     with each dim changed (what a static export needs)."""

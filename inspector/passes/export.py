@@ -6,7 +6,9 @@ the error and the user's line where the failure is in their code.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import re
 import time
 import warnings
@@ -48,9 +50,15 @@ def _trace(ctx: Context) -> Any:
 
 
 def _onnx(ctx: Context) -> Any:
-    return torch.onnx.export(
-        ctx.model, tuple(ctx.inputs.args), kwargs=dict(ctx.inputs.kwargs), dynamo=True
-    )
+    # The exporter narrates its steps on stdout; the report is the place for its verdict.
+    with contextlib.redirect_stdout(io.StringIO()):
+        return torch.onnx.export(
+            ctx.model,
+            tuple(ctx.inputs.args),
+            kwargs=dict(ctx.inputs.kwargs),
+            dynamo=True,
+            verbose=False,
+        )
 
 
 TARGETS: list[tuple[str, Callable[[Context], Any]]] = [

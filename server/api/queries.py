@@ -6,10 +6,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Select, func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, aliased, selectinload
 
 from server.api.errors import ApiError
-from server.models import Job, Tag, Upload
+from server.models import Job, Tag, Upload, utcnow
 
 __all__ = ["get_job", "list_jobs", "queue_position", "ensure_upload", "add_job"]
 
@@ -63,10 +65,19 @@ def queue_position(session: Session, *, job: Job) -> int | None:
 def ensure_upload(
     session: Session, *, sha256: str, size_bytes: int, filename: str, kind: str
 ) -> None:
-    """Record a stored file once (the same content uploaded twice is one row)."""
-    if session.get(Upload, sha256) is None:
-        session.add(Upload(sha256=sha256, size_bytes=size_bytes, filename=filename, kind=kind))
-        session.flush()
+    """Record a stored file once (the same content uploaded twice is one row). An upsert:
+    two concurrent uploads of the same file must not collide on the primary key."""
+    if session.get(Upload, sha256) is not None:
+        return
+    values = {"sha256": sha256, "size_bytes": size_bytes, "filename": filename, "kind": kind}
+    dialect = session.get_bind().dialect.name
+    if dialect in ("postgresql", "sqlite"):
+        insert = pg_insert if dialect == "postgresql" else sqlite_insert
+        statement = insert(Upload).values(created_at=utcnow(), **values)
+        session.execute(statement.on_conflict_do_nothing(index_elements=["sha256"]))
+    else:
+        session.add(Upload(**values))
+    session.flush()
 
 
 def add_job(session: Session, *, tags: dict[str, str], **columns: Any) -> Job:

@@ -36,7 +36,7 @@
     const options = (side) => ({
       filename: `graph-${data[side].slug}`,
       onRender: () => mark(views),
-      onToggle: (path, open, v) => { const o = other(v); if (o && o.setExpanded && o.setExpanded(path, open)) o.render(); },
+      onToggle: (path, open, v) => { const o = other(v); if (o && o.setExpanded && o.setExpanded(path, open)) o.render(`m:${path}`); },
     });
     views.push(MGIGraph.mount(roots[0], reports[0], options("a")), MGIGraph.mount(roots[1], reports[1], options("b")));
     await Promise.all(views.map((v) => v.ready));

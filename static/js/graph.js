@@ -73,7 +73,7 @@ const MGIGraph = (() => {
       boxSelectionEnabled: false, autoungrabify: true });
     const api = { state, root, render, expand, collapse, toggle, reveal, setMeasure, search, setMarks, exportPNG, exportSVG, setExpanded, select };
 
-    async function render() {
+    async function render(focus = null) {
       const token = ++state.token;
       const v = M.view(state.model, state.expanded);
       state.view = v;
@@ -90,13 +90,13 @@ const MGIGraph = (() => {
         throw err;
       }
       if (token !== state.token) return;
-      draw(v, absolute(laid));
+      draw(v, absolute(laid), focus);
       root.classList.remove("busy");
       state.layouts += 1;
       listeners.rendered(api);
     }
 
-    function draw(v, pos) {
+    function draw(v, pos, focus) {
       const cy = state.cy;
       const selected = cy.$(":selected").map((e) => e.id());
       cy.startBatch();
@@ -108,8 +108,22 @@ const MGIGraph = (() => {
       applySearch();
       applyMarks();
       cy.$(selected.map((id) => `[id = ${JSON.stringify(id)}]`).join(",") || "#__none").select();
-      startView(cy);
+      const target = focus ? cy.getElementById(focus) : null;
+      if (target && target.length) focusOn(cy, target);
+      else if (!state.layouts) startView(cy);
+      else cy.fit(undefined, 24);
+      const still = cy.$(":selected");
+      showInfo(still.length ? still.data("item") : null);
       updateStatus();
+    }
+
+    function focusOn(cy, el) {
+      // The module just opened or closed, centred (or its top, when taller than the view).
+      const z = Math.min(1, Math.max(cy.zoom(), 0.6));
+      const bb = el.boundingBox();
+      const fits = bb.h * z < cy.height() - 40;
+      cy.zoom(z);
+      cy.pan({ x: cy.width() / 2 - ((bb.x1 + bb.x2) / 2) * z, y: fits ? cy.height() / 2 - ((bb.y1 + bb.y2) / 2) * z : 20 - bb.y1 * z });
     }
 
     function startView(cy) {
@@ -138,7 +152,7 @@ const MGIGraph = (() => {
     function toggle(path, open) {
       if (!setExpanded(path, open)) return Promise.resolve();
       listeners.toggle(path, open, api);
-      return render();
+      return render(`m:${path}`);
     }
     function expand(path) { return toggle(path, true); }
     function collapse(path) { return toggle(path, false); }
@@ -211,7 +225,7 @@ const MGIGraph = (() => {
       card.hidden = false;
       card.innerHTML = S.infoHtml(item, state.model, { table: !!options.onShowInTable, expanded: state.expanded.has(item.path) });
       card.querySelectorAll("button[data-act]").forEach((b) => b.addEventListener("click", () => {
-        if (b.dataset.act === "table") options.onShowInTable(item.where);
+        if (b.dataset.act === "table") options.onShowInTable(item);
         if (b.dataset.act === "expand") expand(item.path);
         if (b.dataset.act === "collapse") collapse(item.path);
       }));

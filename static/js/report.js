@@ -218,8 +218,9 @@
   }
 
   // --- findings jump to their row ----------------------------------------------------------------
-  async function focusWhere(where, { scroll = true } = {}) {
+  async function focusWhere(where, { scroll = true, table = null } = {}) {
     let kind = modulePaths.has(where) ? "modules" : nodeNames.has(where) ? "nodes" : null;
+    if (table === "nodes" && nodeNames.has(where)) kind = "nodes";
     if (!kind) { MGI.toast(`"${where}" is not a row of the table`); return; }
     $("table-search").value = "";
     $("flagged-only").checked = false;
@@ -292,14 +293,15 @@
   // --- the graph: a node selects its table row; a row's "show" opens the graph at it -----------
   let graph = null;
   const isRow = (where) => modulePaths.has(where) || nodeNames.has(where);
+  const tableOf = (item) => (item.kind === "node" ? "nodes" : "modules");  // fx names "fc" both
   function startGraph() {
     const el = $("report-graph");
     if (!el || typeof MGIGraph === "undefined") return;
     let painted = false;
     graph = MGIGraph.mount(el, report, {
       filename: `graph-${data.slug}`,
-      onSelect: (item) => { if (isRow(item.where)) focusWhere(item.where, { scroll: false }); },
-      onShowInTable: (where) => (isRow(where) ? focusWhere(where) : MGI.toast(`"${where}" is not a row of the table`)),
+      onSelect: (item) => { if (isRow(item.where)) focusWhere(item.where, { scroll: false, table: tableOf(item) }); },
+      onShowInTable: (item) => (isRow(item.where) ? focusWhere(item.where, { table: tableOf(item) }) : MGI.toast(`"${item.where}" is not a row of the table`)),
       onRender: () => { if (!painted) { painted = true; performance.mark("mgi:graph"); } },
     });
     window.MGIReport.graph = graph;

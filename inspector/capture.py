@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from inspector.context import CaptureResult, Context
@@ -97,7 +98,7 @@ def _export(ctx: Context) -> tuple[CaptureResult, Any]:
     dynamic = _dynamic_axes(ctx)
     if dynamic:  # one symbolic export replaces a re-export per named dim
         try:
-            ep, gm = export_graph(ctx.model, args, kwargs, ctx.fake_mode, dynamic=dynamic)
+            ep, gm = _dynamic_export(ctx, dynamic)
             ctx.scratch["graph.export_dynamic"] = True
             ctx.scratch["graph.reexport"] = False  # perturbed runs re-run this graph
             return CaptureResult(method="export", attempts=[], graph_module=gm, exported=ep), None
@@ -107,6 +108,20 @@ def _export(ctx: Context) -> tuple[CaptureResult, Any]:
     ctx.scratch["graph.export_dynamic"] = False
     ctx.scratch["graph.reexport"] = True  # its shapes are baked in
     return CaptureResult(method="export", attempts=[], graph_module=gm, exported=ep), None
+
+
+def _dynamic_export(ctx: Context, dynamic: list[list[int]]) -> tuple[Any, Any]:
+    """Export with the named dims symbolic. Export fixes any dim of size 1, so a named dim
+    of 1 (B=1) is exported at 2 and the graph, free of guards, runs at 1; the graph pass
+    falls back to a static export should that run fail."""
+    dims = dict(ctx.inputs.dims)
+    probe = {d: 2 if v == 1 else v for d, v in dims.items()}
+    if probe == dims:
+        return export_graph(ctx.model, ctx.inputs.args, ctx.inputs.kwargs, ctx.fake_mode, dynamic)
+    with ctx.fake_mode or nullcontext():
+        inputs = ctx.factory.build(dims=probe, device=ctx.options.device)
+    ctx.scratch["graph.export_probe"] = True
+    return export_graph(ctx.model, inputs.args, inputs.kwargs, ctx.fake_mode, dynamic, guards=False)
 
 
 def _dynamic_axes(ctx: Context) -> list[list[int]] | None:

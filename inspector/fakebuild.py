@@ -61,11 +61,26 @@ def _transformers_init_table() -> tuple[dict[str, Any], dict[str, Any]] | None:
 
 
 @contextmanager
-def building_under(fake_mode: Any, device: str = "cpu") -> Iterator[None]:
-    """The context to construct a model in: tensors made on `device` (no `.to()` after:
-    fake parameters cannot be swapped), inside `fake_mode` with initialisers skipped."""
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@contextmanager
+def building_under(
+    fake_mode: Any, device: str = "cpu", dtype: torch.dtype | None = None
+) -> Iterator[None]:
+    """The context to construct a model in: tensors made on `device` in `dtype` (no
+    `.to()` after: fake parameters cannot be swapped), inside `fake_mode` with
+    initialisers skipped."""
     with ExitStack() as stack:
         stack.enter_context(torch.device(device))
+        if dtype is not None:
+            stack.enter_context(_default_dtype(dtype))
         if fake_mode is not None:
             stack.enter_context(fake_mode)
             stack.enter_context(skip_init())

@@ -46,7 +46,7 @@ def build_from_config(
     """Build from a config dict with a `model_type` (and ideally `architectures`)."""
     config = _config_from_dict(data, name)
     model_class = _model_class(config, data, name)
-    with building_under(fake_mode, device):
+    with building_under(fake_mode, device, _param_dtype(config)):
         try:
             model = model_class(config)
         except Exception as exc:  # the config's values, not our code, are at fault
@@ -60,6 +60,17 @@ def build_from_config(
     loaded.entrypoint = model_class.__name__
     loaded.inputs = parse_input(json.dumps(default_spec(config, model)), loaded)
     return loaded
+
+
+def _param_dtype(config: Any) -> Any:
+    """The dtype the config says its weights are in (`torch_dtype`, `dtype` in newer
+    transformers); float32 when it names none."""
+    import torch
+
+    value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(value, str):
+        value = getattr(torch, value.removeprefix("torch."), None)
+    return value if isinstance(value, torch.dtype) and value.is_floating_point else None
 
 
 def _config_from_dict(data: dict[str, Any], name: str) -> Any:

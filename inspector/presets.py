@@ -41,6 +41,7 @@ def _llama(hidden: int, inter: int, layers: int, heads: int, kv: int) -> dict[st
         "rope_theta": 500000.0,
         "rms_norm_eps": 1e-5,
         "tie_word_embeddings": False,
+        "dtype": "bfloat16",
     }
 
 
@@ -55,6 +56,7 @@ _MISTRAL = {
     "vocab_size": 32000,
     "max_position_embeddings": 32768,
     "sliding_window": 4096,
+    "dtype": "bfloat16",
 }
 
 PRESETS: dict[str, Preset] = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -65,8 +65,12 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
         session.close()
 
 
-def get_db(request: Request) -> Iterator[Session]:
-    """One session per request, from the factory `create_app` put on the app state."""
+async def get_db(request: Request) -> AsyncIterator[Session]:
+    """One session per request, from the factory `create_app` put on the app state.
+
+    Async on purpose: its close runs on the event loop. A sync generator's close needs a
+    free threadpool thread, and under load every thread can be blocked waiting for a pooled
+    connection that only such a close would give back (a deadlock; seen in bench/load.py)."""
     session = request.app.state.session_factory()
     try:
         yield session
@@ -74,7 +78,10 @@ def get_db(request: Request) -> Iterator[Session]:
         session.close()
 
 
-SessionDep = Annotated[Session, Depends(get_db)]
+# scope="function": the session (and its pooled connection) is closed when the endpoint
+# returns, not after the response is sent: slow readers of big reports must not hold
+# database connections (the pool ran dry under 100 readers in bench/load.py).
+SessionDep = Annotated[Session, Depends(get_db, scope="function")]
 
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"

@@ -62,3 +62,27 @@ def test_onnx_failure_names_the_cause() -> None:
     onnx = _run(export_models.Branchy())["onnx"]
     assert onnx.ok is False
     assert "caused by" in onnx.error
+
+
+def test_failed_targets_become_info_findings() -> None:
+    from inspector.rules.export import export_failed
+
+    model = export_models.Branchy()
+    loaded = LoadedModel(model, "python", "export_models.py", user_files=[USER_FILE])
+    ctx = Context(loaded, InputFactory(), Inputs((torch.randn(2, 8),), {}), Options(), Report())
+    export.run(ctx)
+    found = list(export_failed(ctx, ctx.report))
+    failed = [t.target for t in ctx.report.export.targets if t.ok is False]
+    assert [f.message.split(" ")[0] for f in found] == failed and "export-strict" in failed
+    assert all(f.severity == "info" and f.rule == "export-failed" for f in found)
+    assert any(f.where == f"export_models.py:{BRANCH_LINE}" for f in found)
+
+
+def test_clean_model_gives_no_export_findings() -> None:
+    from inspector.rules.export import export_failed
+
+    loaded = LoadedModel(export_models.Clean(), "python", "m.py", user_files=[USER_FILE])
+    ctx = Context(loaded, InputFactory(), Inputs((torch.randn(2, 8),), {}), Options(), Report())
+    ctx.options.passes = None
+    export.run(ctx)
+    assert list(export_failed(ctx, ctx.report)) == []

@@ -53,11 +53,14 @@ def export_graph(
     kwargs: dict,
     fake_mode: Any = None,
     dynamic: list[list[int]] | None = None,
+    guards: bool = True,
 ) -> tuple[Any, fx.GraphModule]:
     """(ExportedProgram, its runnable GraphModule) for `model(*args, **kwargs)`; under
     `fake_mode` when the model or inputs are fake. `dynamic[i]` lists the axes of the
     i-th input tensor left symbolic (Dim.AUTO: export keeps them symbolic where the
-    model allows and specializes them silently where it does not)."""
+    model allows and specializes them silently where it does not). `guards=False` gives
+    a module that runs on inputs outside the exported ranges (a graph exported at B=2
+    run at B=1)."""
     wrapper = _Flat(model, args, kwargs)
     tensors = tuple(flat_tensors(args, kwargs))
     shapes = None
@@ -66,7 +69,11 @@ def export_graph(
         shapes = {"tensors": tuple({axis: auto for axis in axes} for axes in dynamic)}
     with _quiet(), fake_mode if fake_mode is not None else nullcontext():
         ep = torch.export.export(wrapper, tensors, strict=False, dynamic_shapes=shapes)
-        return ep, ep.module()
+        if guards:
+            return ep, ep.module()
+        gm = ep.module(check_guards=False)
+        gm._forward_pre_hooks.clear()  # the remaining input-range checks
+        return ep, gm
 
 
 def moving_axes(base: list[torch.Tensor], others: list[list[torch.Tensor]]) -> list[list[int]]:

@@ -83,7 +83,8 @@ def _try(ctx: Context, name: str, attempt: Callable[[Context], Any]) -> ExportTa
     if reused is not None:
         return reused
     start = time.perf_counter()
-    was_training = ctx.model.training
+    modes = {m: m.training for m in ctx.model.modules()}
+    ctx.model.eval()  # exports are for inference: BatchNorm and Dropout in eval mode
     try:
         attempt(ctx)
     except Exception as exc:  # any failure is the answer we report
@@ -95,7 +96,8 @@ def _try(ctx: Context, name: str, attempt: Callable[[Context], Any]) -> ExportTa
             seconds=round(time.perf_counter() - start, 3),
         )
     finally:
-        ctx.model.train(was_training)
+        for module, mode in modes.items():
+            module.training = mode
     return ExportTarget(target=name, ok=True, seconds=round(time.perf_counter() - start, 3))
 
 
@@ -113,6 +115,8 @@ def _from_capture(ctx: Context, name: str) -> ExportTarget | None:
     """The capture stage already ran torch.export non-strict when fx failed: reuse it."""
     if name != "export-nonstrict" or ctx.capture is None or ctx.capture.method != "export":
         return None
+    if ctx.model.training:
+        return None  # captured in train mode; readiness is judged in eval mode
     attempt = next((a for a in ctx.capture.attempts if a.method == "export"), None)
     if attempt is None or not attempt.ok:
         return None

@@ -12,6 +12,7 @@ from torch import nn
 from inspector.context import Context
 from inspector.errors import UserCodeError
 from inspector.graph.backward import measure_backward
+from inspector.graph.exportcapture import export_graph
 from inspector.graph.modules import build_modules, module_calls
 from inspector.graph.params import ParamTable, param_table
 from inspector.graph.records import NodeRecord
@@ -53,7 +54,47 @@ def _main_records(ctx: Context) -> list[NodeRecord]:
         with preserved_state(ctx.model, real=ctx.fake_mode is None):
             return record_run(ctx, ctx.inputs, ctx.fake_mode)
     except Exception as exc:
-        raise _run_error(ctx, exc) from exc
+        records = _static_export_records(ctx) or _eval_mode_records(ctx, exc)
+        if records is None:
+            raise _run_error(ctx, exc) from exc
+        return records
+
+
+def _static_export_records(ctx: Context) -> list[NodeRecord] | None:
+    """The graph exported at a named dim of 2 did not run at 1: export at the real dims."""
+    if not ctx.scratch.pop("graph.export_probe", False):
+        return None
+    try:
+        ep, gm = export_graph(ctx.model, ctx.inputs.args, ctx.inputs.kwargs, ctx.fake_mode)
+        ctx.capture.graph_module, ctx.capture.exported = gm, ep
+        ctx.scratch["graph.export_dynamic"], ctx.scratch["graph.reexport"] = False, True
+        with preserved_state(ctx.model, real=ctx.fake_mode is None):
+            return record_run(ctx, ctx.inputs, ctx.fake_mode)
+    except Exception:
+        return None
+
+
+def _eval_mode_records(ctx: Context, exc: Exception) -> list[NodeRecord] | None:
+    """A model that fails only in train mode (BatchNorm on one value per channel) still
+    has shapes: take them in eval mode; the modes pass reports the failure as a finding."""
+    if not ctx.model.training:
+        return None
+    training = {m: m.training for m in ctx.model.modules()}
+    ctx.model.eval()
+    try:
+        with preserved_state(ctx.model, real=ctx.fake_mode is None):
+            records = record_run(ctx, ctx.inputs, ctx.fake_mode)
+    except Exception:
+        return None
+    finally:
+        for module, mode in training.items():
+            module.training = mode
+    first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+    ctx.report.meta.warnings.append(
+        f"the model fails in train mode ({type(exc).__name__}: {first_line}); "
+        "shapes and FLOPs were taken in eval mode."
+    )
+    return records
 
 
 def _run_error(ctx: Context, exc: Exception) -> UserCodeError:

@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from inspector.context import Context
+from inspector.context import Context, Inputs
+from inspector.graph.exportcapture import WRAPPED, flat_tensors
 from inspector.memory import advice, scaling
 from inspector.memory.analysis import Analysis, analyse, batch_runs, fb_peak, rerun
 from inspector.memory.measure import measure, relative_error
@@ -86,7 +87,7 @@ def _nodes(ctx: Context, mem: Memory, a: Analysis) -> None:
     """Per node: saved bytes and live activation bytes after it."""
     gm = ctx.capture.graph_module if ctx.capture is not None else None
     if gm is not None and a.on_fake:
-        per = node_memory(fake_shadow(gm, a.opts.fake_mode), a.inputs, a.opts)
+        per = node_memory(fake_shadow(gm, a.opts.fake_mode), _graph_inputs(ctx, a), a.opts)
         saved, live = per.saved_bytes, per.live_after
         for node in ctx.report.nodes:
             node.saved_bytes = saved.get(node.name, 0)
@@ -98,6 +99,14 @@ def _nodes(ctx: Context, mem: Memory, a: Analysis) -> None:
         if node.module_path is not None:
             node.saved_bytes = a.train.saved_by_label.get(node.module_path, 0)
             node.live_bytes_after = live.get(node.module_path)
+
+
+def _graph_inputs(ctx: Context, a: Analysis) -> Inputs:
+    """The captured graph's own calling convention: an export of the flattening wrapper
+    takes the input tensors positionally."""
+    if ctx.capture.method == "export" and ctx.scratch.get("graph.strip") == WRAPPED:
+        return Inputs(args=tuple(flat_tensors(a.inputs.args, a.inputs.kwargs)))
+    return a.inputs
 
 
 def _modules(ctx: Context, mem: Memory, a: Analysis) -> None:

@@ -3,7 +3,15 @@ registers its rules on import (see `registry`)."""
 
 from __future__ import annotations
 
-from inspector.rules import capture, gradients, memory, modes, numerics, structure  # noqa: F401
+from inspector.rules import (  # noqa: F401 - each module registers its rules
+    capture,
+    export,
+    gradients,
+    memory,
+    modes,
+    numerics,
+    structure,
+)
 from inspector.rules.registry import RULES, Rule, finding, rule, run_rules
 
 __all__ = ["RULES", "Rule", "finding", "rule", "run_rules"]

@@ -58,7 +58,7 @@ def readiness(engine: Engine, settings: Any) -> dict[str, str]:
     return {"database": _check_database(engine), "queue": _check_queue(settings)}
 
 
-@router.get("/readyz")
+@router.get("/readyz", include_in_schema=False)  # for orchestrators, not API users
 def readyz(request: Request) -> JSONResponse:
     """200 when the database answers at the migrations head and the queue answers; else 503."""
     checks = readiness(request.app.state.engine, request.app.state.settings)
@@ -115,7 +115,7 @@ def metrics_text(engine: Engine, settings: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
+@router.get("/metrics", response_class=PlainTextResponse, include_in_schema=False)
 def metrics(request: Request) -> PlainTextResponse:
     try:
         body = metrics_text(request.app.state.engine, request.app.state.settings)

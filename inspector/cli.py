@@ -120,6 +120,13 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
         action="store_false",
         help="skip the real memory measurement (one extra training step)",
     )
+    p.add_argument(
+        "--export",
+        choices=("none", "fast", "all"),
+        default="fast",
+        help="export readiness: fast = torch.export non-strict and TorchScript (default); "
+        "all adds strict torch.export and ONNX (slower)",
+    )
     p.set_defaults(func=_cmd_inspect)
 
 
@@ -205,6 +212,7 @@ def _options(args: argparse.Namespace) -> Options:
         seed=args.seed,
         passes=args.passes,
         measure=args.measure,
+        export=args.export,
     )
 
 

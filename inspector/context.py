@@ -34,6 +34,7 @@ class Options:
     seed: int = 0
     passes: set[str] | None = None  # None: every pass
     measure: bool = True  # measure real memory when not fake (costs one real step)
+    export: str = "fast"  # export readiness: none, fast (non-strict export, TorchScript), all
     # overrides of the health thresholds (inspector.health.thresholds.DEFAULTS)
     thresholds: dict[str, float] = field(default_factory=dict)
 

@@ -23,7 +23,7 @@ HAS_ONNX = all(importlib.util.find_spec(m) for m in ("onnx", "onnxscript"))
 def _run(model: torch.nn.Module, fake: bool = False) -> dict[str, object]:
     loaded = LoadedModel(model, "python", "export_models.py", user_files=[USER_FILE])
     inputs = Inputs((torch.randn(2, 8),), {})
-    ctx = Context(loaded, InputFactory(), inputs, Options(fake=fake), Report())
+    ctx = Context(loaded, InputFactory(), inputs, Options(fake=fake, export="all"), Report())
     export.run(ctx)
     return {t.target: t for t in ctx.report.export.targets}
 
@@ -69,7 +69,8 @@ def test_failed_targets_become_info_findings() -> None:
 
     model = export_models.Branchy()
     loaded = LoadedModel(model, "python", "export_models.py", user_files=[USER_FILE])
-    ctx = Context(loaded, InputFactory(), Inputs((torch.randn(2, 8),), {}), Options(), Report())
+    options = Options(export="all")
+    ctx = Context(loaded, InputFactory(), Inputs((torch.randn(2, 8),), {}), options, Report())
     export.run(ctx)
     found = list(export_failed(ctx, ctx.report))
     failed = [t.target for t in ctx.report.export.targets if t.ok is False]
@@ -86,3 +87,18 @@ def test_clean_model_gives_no_export_findings() -> None:
     ctx.options.passes = None
     export.run(ctx)
     assert list(export_failed(ctx, ctx.report)) == []
+
+
+def test_export_levels_choose_the_targets() -> None:
+    loaded = LoadedModel(export_models.Clean(), "python", "m.py", user_files=[USER_FILE])
+    chosen = {}
+    for level in ("none", "fast", "all"):
+        ctx = Context(
+            loaded, InputFactory(), Inputs((torch.randn(2, 8),), {}), Options(export=level),
+            Report(),
+        )  # fmt: skip
+        export.run(ctx)
+        chosen[level] = [t.target for t in ctx.report.export.targets]
+    assert chosen["none"] == []
+    assert chosen["fast"] == ["export-nonstrict", "torchscript-script", "torchscript-trace"]
+    assert chosen["all"] == chosen["fast"][:1] + ["export-strict"] + chosen["fast"][1:] + ["onnx"]

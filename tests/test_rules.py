@@ -215,6 +215,7 @@ def test_every_rule_has_a_trigger_test() -> None:
         "checkpoint-candidate",
         "gradients-failed",
         "train-mode-failure",
+        "export-failed",  # tests/test_export.py
     }
     assert set(RULES) == tested
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import logging
 import re
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -50,8 +51,9 @@ def _trace(ctx: Context) -> Any:
 
 
 def _onnx(ctx: Context) -> Any:
-    # The exporter narrates its steps on stdout; the report is the place for its verdict.
-    with contextlib.redirect_stdout(io.StringIO()):
+    # The exporter narrates its steps on stdout and logs warnings about optional packages;
+    # the report is the place for its verdict.
+    with contextlib.redirect_stdout(io.StringIO()), _quiet_logger("torch.onnx"):
         return torch.onnx.export(
             ctx.model,
             tuple(ctx.inputs.args),
@@ -59,6 +61,22 @@ def _onnx(ctx: Context) -> Any:
             dynamo=True,
             verbose=False,
         )
+
+
+# The targets `--export fast` leaves out: Dynamo compilation and the ONNX exporter take
+# seconds even on small models.
+SLOW_TARGETS = {"export-strict", "onnx"}
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str) -> Iterator[None]:
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 TARGETS: list[tuple[str, Callable[[Context], Any]]] = [
@@ -71,8 +89,14 @@ TARGETS: list[tuple[str, Callable[[Context], Any]]] = [
 
 
 def run(ctx: Context) -> None:
-    """Fill `report.export` with one entry per target."""
-    ctx.report.export.targets = [_try(ctx, name, attempt) for name, attempt in TARGETS]
+    """Fill `report.export` with one entry per target `ctx.options.export` asks for."""
+    level = ctx.options.export
+    chosen = [
+        (name, attempt)
+        for name, attempt in TARGETS
+        if level == "all" or (level == "fast" and name not in SLOW_TARGETS)
+    ]
+    ctx.report.export.targets = [_try(ctx, name, attempt) for name, attempt in chosen]
 
 
 def _try(ctx: Context, name: str, attempt: Callable[[Context], Any]) -> ExportTarget:

@@ -133,7 +133,9 @@ def _plain_name(name: str) -> str:
 def _job_json(spec: JobSpec, settings: Settings) -> str:
     import json
 
-    if spec.upload_kind == "pt2":
+    if spec.upload_kind == "preset":
+        model = spec.entrypoint  # preset:NAME, built by the child; the upload only names it
+    elif spec.upload_kind in ("pt2", "hf-config"):
         model = f"upload/{_plain_name(spec.upload_filename)}"
     else:
         model = f"upload/{spec.entrypoint.lstrip('/')}"

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from sqlalchemy import Select, Text, cast, func, or_, select
 from sqlalchemy.orm import Session, defer, selectinload
 
+from inspector.presets_data import PRESETS, preset_names
 from inspector.report import Report
 from inspector.units import ACCELERATOR_BUDGETS, format_bytes, format_count
 from server.db import SessionDep
@@ -255,7 +256,8 @@ def _report_context(report: Report, raw: dict[str, Any]) -> dict[str, Any]:
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
 def upload_page(request: Request, session: SessionDep) -> HTMLResponse:
     """Upload a model; the latest reports below."""
-    return _render(request, "upload.html", recent=_recent(session))
+    presets = [PRESETS[name] for name in preset_names()]
+    return _render(request, "upload.html", recent=_recent(session), presets=presets)
 
 
 @router.get("/reports", response_class=HTMLResponse, include_in_schema=False)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from contextlib import ExitStack
 from dataclasses import dataclass
 
 from fastapi import APIRouter, File, Form, Request, UploadFile
 
+from inspector.presets_data import PRESETS, preset_names
 from server.api import queries
 from server.api.dispatch import enqueue, require_sandbox
 from server.api.errors import ApiError
@@ -50,9 +52,33 @@ def _stage(stack: ExitStack, store: UploadStore, upload: UploadFile, limit: int)
         raise
 
 
-def _stage_model(
-    stack: ExitStack, store: UploadStore, settings: Settings, model: UploadFile, entry: str | None
+def _stage_preset(
+    stack: ExitStack, store: UploadStore, name: str, model: UploadFile | None
 ) -> tuple[StagedUpload, str]:
+    """A preset has no file: its stored "upload" is a one-line JSON naming it, so a re-run
+    and the upload columns work as for any model."""
+    if model is not None and model.filename:
+        raise ApiError(422, "invalid", "give either a model file or a preset, not both")
+    name = name.strip()
+    if name.removeprefix("preset:") not in PRESETS:
+        raise ApiError(
+            422, "invalid", f"unknown preset {name!r}; presets: {', '.join(preset_names())}"
+        )
+    name = name.removeprefix("preset:")
+    data = json.dumps({"preset": name}).encode()
+    staged = stack.enter_context(store.staging(iter([data]), limit=len(data)))
+    return StagedUpload(staged, f"{name}.preset.json", "preset"), f"preset:{name}"
+
+
+def _stage_model(
+    stack: ExitStack,
+    store: UploadStore,
+    settings: Settings,
+    model: UploadFile | None,
+    entry: str | None,
+) -> tuple[StagedUpload, str]:
+    if model is None or not model.filename:
+        raise ApiError(422, "invalid", "a model file (or a preset name) is required")
     kind = model_kind(model.filename or "")
     filename = safe_filename(model.filename, default=f"model.{kind}")
     staged = _stage(stack, store, model, settings.max_upload_bytes)
@@ -98,7 +124,10 @@ def create_report(
     request: Request,
     session: SessionDep,
     _identity: UploaderDep,
-    model: UploadFile = File(description="the model: a .py file, a .zip of a package, a .pt2"),
+    model: UploadFile | None = File(
+        None, description="the model: a .py file, a .zip of a package, a .pt2, a config.json"
+    ),
+    preset: str | None = Form(None, description="a built-in model instead of a file"),
     entrypoint: str | None = Form(None, description="model.py:Net, pkg/model.py:Net in a zip"),
     input: str | None = Form(None, description='input spec JSON, e.g. {"x": {"shape": [1, 8]}}'),
     input_file: UploadFile | None = File(None, description="tensors: .pt or .safetensors"),
@@ -120,9 +149,13 @@ def create_report(
         default_device=settings.device,
     )  # fmt: skip
     with ExitStack() as stack:
-        upload, entry = _stage_model(stack, store, settings, model, entrypoint)
+        if preset:
+            upload, entry = _stage_preset(stack, store, preset, model)
+        else:
+            upload, entry = _stage_model(stack, store, settings, model, entrypoint)
         tensors = _stage_input(stack, store, settings, input, input_file)
-        job_name = parse_name(name, default=entry if upload.kind != "pt2" else upload.filename)
+        default_name = upload.filename if upload.kind in ("pt2", "hf-config") else entry
+        job_name = parse_name(name, default=default_name)
         check_quota(session, settings, store, [i.staged for i in filter(None, (upload, tensors))])
         for item in filter(None, (upload, tensors)):  # files first: a row never lacks its file
             store.commit(item.staged)

@@ -6,6 +6,7 @@ Nothing here imports or runs the user's code: Python files are only parsed with 
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
@@ -14,7 +15,8 @@ from server.ziputil import ZipRefused, check_zip, read_member
 
 __all__ = ["MODEL_KINDS", "safe_filename", "model_kind", "check_model", "top_level_names"]
 
-MODEL_KINDS = {".py": "py", ".zip": "zip", ".pt2": "pt2"}
+MODEL_KINDS = {".py": "py", ".zip": "zip", ".pt2": "pt2", ".json": "hf-config"}
+MAX_CONFIG_BYTES = 1024 * 1024  # a Hugging Face config.json is a few KiB
 MAX_SOURCE_BYTES = 16 * 1024 * 1024  # one Python file inside a zip
 _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -53,6 +55,8 @@ def check_model(
     if kind == "py":
         aliases = {filename, PurePosixPath(original_name or filename).name}
         return _check_py(path.read_bytes(), filename, entrypoint, aliases)
+    if kind == "hf-config":
+        return _check_config(path, filename)
     try:
         infos = check_zip(path, max_files, max_bytes)
     except ZipRefused as exc:
@@ -61,6 +65,23 @@ def check_model(
     if kind == "pt2":
         return filename  # torch.export archives need no entrypoint
     return _check_zip_entry(path, filename, entrypoint, [i.filename for i in infos])
+
+
+def _check_config(path: Path, filename: str) -> str:
+    """A Hugging Face config.json: JSON naming its `model_type`; the model is built from
+    it on fake tensors (no weights), so it needs no entrypoint."""
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise invalid(f"{filename}: a config.json over {MAX_CONFIG_BYTES} bytes is not a config")
+    try:
+        data = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise invalid(f"{filename}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise invalid(
+            f"{filename}: a Hugging Face config.json names its architecture family in "
+            '"model_type", e.g. {"model_type": "llama", ...}'
+        )
+    return filename
 
 
 def _split_entrypoint(entrypoint: str | None, what: str) -> tuple[str | None, str]:

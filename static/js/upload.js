@@ -3,6 +3,7 @@
 (() => {
   const $ = (id) => document.getElementById(id);
   const form = $("upload-form"), dropzone = $("dropzone"), fileInput = $("model-file");
+  const presetSelect = $("preset");
   const entrySelect = $("entry-select"), entryInput = $("entrypoint"), entryHint = $("entry-hint");
   const specArea = $("input-spec"), specStatus = $("spec-status"), errorEl = $("form-error");
   let modelFile = null;
@@ -75,10 +76,11 @@
 
   async function setModel(file) {
     const ext = (file.name.split(".").pop() || "").toLowerCase();
-    if (!["py", "zip", "pt2"].includes(ext)) {
-      showError(`${file.name}: upload a .py file, a .zip of a package, or a .pt2 archive.`);
+    if (!["py", "zip", "pt2", "json"].includes(ext)) {
+      showError(`${file.name}: upload a .py file, a .zip of a package, a .pt2 archive or a config.json.`);
       return;
     }
+    presetSelect.value = "";
     modelFile = file;
     showError("");
     dropzone.classList.add("has-file");
@@ -86,8 +88,8 @@
     dropzone.querySelector(".dz-file").hidden = false;
     $("file-name").textContent = file.name;
     $("file-size").textContent = MGI.formatBytes(file.size);
-    $("entry-field").hidden = ext === "pt2";
-    if (!$("name").value) $("name").placeholder = file.name.replace(/\.(py|zip|pt2)$/, "");
+    $("entry-field").hidden = ext === "pt2" || ext === "json";
+    if (!$("name").value) $("name").placeholder = file.name.replace(/\.(py|zip|pt2|json)$/, "");
     if (ext === "py") {
       fillEntrypoints(entrypointsIn(await file.text(), file.name), `Top-level classes and functions of ${file.name}.`);
     } else if (ext === "zip") {
@@ -148,12 +150,14 @@
 
   async function submit(event) {
     event.preventDefault();
-    if (!modelFile) { showError("Choose a model file first."); return; }
-    const isPt2 = modelFile.name.toLowerCase().endsWith(".pt2");
-    if (!isPt2 && !entryInput.value.trim()) { showError("Give the entrypoint: the class or function that builds the model."); entryInput.focus(); return; }
+    const preset = presetSelect.value;
+    if (!modelFile && !preset) { showError("Choose a model file or a built-in model first."); return; }
+    const needsEntry = !preset && !/\.(pt2|json)$/i.test(modelFile.name);
+    if (needsEntry && !entryInput.value.trim()) { showError("Give the entrypoint: the class or function that builds the model."); entryInput.focus(); return; }
     const data = new FormData();
-    data.append("model", modelFile, modelFile.name);
-    if (!isPt2) data.append("entrypoint", entryInput.value.trim());
+    if (preset) data.append("preset", preset);
+    else data.append("model", modelFile, modelFile.name);
+    if (needsEntry) data.append("entrypoint", entryInput.value.trim());
     if (inputTab === "spec" && specArea.value.trim()) {
       if (!showSpecStatus().ok) { showError("Fix the input spec first."); specArea.focus(); return; }
       data.append("input", specArea.value);
@@ -180,6 +184,15 @@
       button.textContent = "Inspect";
     }
   }
+
+  // --- presets: a built-in model replaces the file
+  presetSelect.addEventListener("change", () => {
+    if (!presetSelect.value) return;
+    clearModel();
+    showError("");
+    $("entry-field").hidden = true;
+    if (!$("name").value) $("name").placeholder = presetSelect.value;
+  });
 
   // --- wiring
   $("pick-file").addEventListener("click", () => fileInput.click());

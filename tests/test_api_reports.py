@@ -160,7 +160,7 @@ def test_errors_have_one_shape(env):
         error = response.json()["error"]
         assert error["code"] == code and error["message"], error
     missing = cases[3][0].json()["error"]
-    assert missing["message"] == "model: Field required"
+    assert missing["message"] == "a model file (or a preset name) is required"
 
 
 def test_healthz(env):

@@ -135,7 +135,7 @@ def _job_json(spec: JobSpec, settings: Settings) -> str:
 
     if spec.upload_kind == "preset":
         model = spec.entrypoint  # preset:NAME, built by the child; the upload only names it
-    elif spec.upload_kind in ("pt2", "hf-config"):
+    elif spec.upload_kind in ("pt2", "config"):
         model = f"upload/{_plain_name(spec.upload_filename)}"
     else:
         model = f"upload/{spec.entrypoint.lstrip('/')}"

@@ -95,7 +95,7 @@ class Job(Base):
     error_json: Mapped[dict | None] = mapped_column(JSONType)
     upload_sha256: Mapped[str] = mapped_column(String(64))
     upload_filename: Mapped[str] = mapped_column(String(255))
-    upload_kind: Mapped[str] = mapped_column(String(8))  # py, zip, pt2
+    upload_kind: Mapped[str] = mapped_column(String(8))  # py, zip, pt2, config, preset
     entrypoint: Mapped[str] = mapped_column(String(512))
     input_spec: Mapped[str | None] = mapped_column(Text)
     input_sha256: Mapped[str | None] = mapped_column(String(64))

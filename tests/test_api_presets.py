@@ -25,8 +25,12 @@ def _post(env, **fields):  # noqa: ANN001, ANN003
     return env.client.post("/api/v1/reports", data=fields, files=files)
 
 
-def test_a_preset_needs_no_file_and_is_queued(tmp_path, monkeypatch) -> None:
-    with api_env("sqlite", tmp_path, monkeypatch) as env:
+BACKENDS = pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+
+
+@BACKENDS
+def test_a_preset_needs_no_file_and_is_queued(backend, tmp_path, monkeypatch) -> None:
+    with api_env(backend, tmp_path, monkeypatch) as env:
         response = _post(env, preset="llama-3-8b", input=SPEC)
         assert response.status_code == 201, response.text
         job = env.job(response.json()["slug"])
@@ -50,13 +54,14 @@ def test_unknown_preset_and_both_sources_are_refused(tmp_path, monkeypatch) -> N
         assert env.enqueued == []
 
 
-def test_config_json_is_checked_and_needs_no_entrypoint(tmp_path, monkeypatch) -> None:
+@BACKENDS
+def test_config_json_is_checked_and_needs_no_entrypoint(backend, tmp_path, monkeypatch) -> None:
     config = json.dumps(PRESETS["gpt2-xl"].config).encode()
-    with api_env("sqlite", tmp_path, monkeypatch) as env:
+    with api_env(backend, tmp_path, monkeypatch) as env:
         ok = _post(env, files={"model": ("config.json", config)})
         assert ok.status_code == 201, ok.text
         job = env.job(ok.json()["slug"])
-        assert (job.upload_kind, job.entrypoint) == ("hf-config", "config.json")
+        assert (job.upload_kind, job.entrypoint) == ("config", "config.json")
         for body, message in [(b"{nope", "not valid JSON"), (b'{"n_layer": 2}', "model_type")]:
             bad = _post(env, files={"model": ("config.json", body)})
             assert bad.status_code == 422 and message in bad.json()["error"]["message"]
@@ -74,7 +79,7 @@ def test_the_child_is_told_the_preset_or_the_config_path() -> None:
         return json.loads(_job_json(spec, settings))
 
     assert job_json("preset", "gpt2.preset.json", "preset:gpt2")["model"] == "preset:gpt2"
-    assert job_json("hf-config", "config.json", "config.json")["model"] == "upload/config.json"
+    assert job_json("config", "config.json", "config.json")["model"] == "upload/config.json"
 
 
 def test_web_process_does_not_import_torch_for_presets() -> None:

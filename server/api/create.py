@@ -154,7 +154,7 @@ def create_report(
         else:
             upload, entry = _stage_model(stack, store, settings, model, entrypoint)
         tensors = _stage_input(stack, store, settings, input, input_file)
-        default_name = upload.filename if upload.kind in ("pt2", "hf-config") else entry
+        default_name = upload.filename if upload.kind in ("pt2", "config") else entry
         job_name = parse_name(name, default=default_name)
         check_quota(session, settings, store, [i.staged for i in filter(None, (upload, tensors))])
         for item in filter(None, (upload, tensors)):  # files first: a row never lacks its file

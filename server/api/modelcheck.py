@@ -15,7 +15,7 @@ from server.ziputil import ZipRefused, check_zip, read_member
 
 __all__ = ["MODEL_KINDS", "safe_filename", "model_kind", "check_model", "top_level_names"]
 
-MODEL_KINDS = {".py": "py", ".zip": "zip", ".pt2": "pt2", ".json": "hf-config"}
+MODEL_KINDS = {".py": "py", ".zip": "zip", ".pt2": "pt2", ".json": "config"}
 MAX_CONFIG_BYTES = 1024 * 1024  # a Hugging Face config.json is a few KiB
 MAX_SOURCE_BYTES = 16 * 1024 * 1024  # one Python file inside a zip
 _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
@@ -55,7 +55,7 @@ def check_model(
     if kind == "py":
         aliases = {filename, PurePosixPath(original_name or filename).name}
         return _check_py(path.read_bytes(), filename, entrypoint, aliases)
-    if kind == "hf-config":
+    if kind == "config":
         return _check_config(path, filename)
     try:
         infos = check_zip(path, max_files, max_bytes)

@@ -25,6 +25,8 @@ from sqlalchemy.orm import Session, defer, selectinload
 from inspector.presets_data import PRESETS, preset_names
 from inspector.report import Report
 from inspector.units import ACCELERATOR_BUDGETS, format_bytes, format_count
+from server.api.errors import ApiError
+from server.auth import identify
 from server.db import SessionDep
 from server.models import Job, Tag
 
@@ -81,6 +83,19 @@ def _render(request: Request, name: str, status_code: int = 200, **context: Any)
     unconfined = bool(settings and getattr(settings, "sandbox", "") == "none")
     context.update(unconfined=unconfined, statuses=STATUSES)
     return templates.TemplateResponse(request, name, context, status_code=status_code)
+
+
+def _may_list(request: Request, session: Session) -> bool:
+    """With authentication on, only an identified caller (a token, or the sign-in proxy's
+    header) sees the list of reports: it would reveal every unguessable link."""
+    settings = request.app.state.settings
+    if settings.auth == "none":
+        return True
+    try:
+        identify(request, session, settings)
+    except ApiError:
+        return False
+    return True
 
 
 def _not_found(request: Request, what: str) -> HTMLResponse:
@@ -257,7 +272,8 @@ def _report_context(report: Report, raw: dict[str, Any]) -> dict[str, Any]:
 def upload_page(request: Request, session: SessionDep) -> HTMLResponse:
     """Upload a model; the latest reports below."""
     presets = [PRESETS[name] for name in preset_names()]
-    return _render(request, "upload.html", recent=_recent(session), presets=presets)
+    recent = _recent(session) if _may_list(request, session) else []
+    return _render(request, "upload.html", recent=recent, presets=presets)
 
 
 @router.get("/reports", response_class=HTMLResponse, include_in_schema=False)
@@ -265,6 +281,8 @@ def reports_page(
     request: Request, session: SessionDep, q: str = "", status: str = "", page: int = 1
 ) -> HTMLResponse:
     """All reports, newest first, searchable by name, tag and status."""
+    if not _may_list(request, session):
+        return _render(request, "sign_in.html", status_code=401)
     q, page = q.strip()[:200], max(page, 1)
     status = status if status in STATUSES else ""
     jobs, total = _search(session, q=q, status=status, page=page)
@@ -288,7 +306,9 @@ def report_page(request: Request, slug: str, session: SessionDep) -> HTMLRespons
         return _render(request, "failed.html", job=job, error=_error_of(job, report))
     if report is None:
         return _render(request, "failed.html", job=job, error=_unreadable(job))
-    others = [j for j in _recent(session, limit=30, status="done") if j.slug != job.slug]
+    others = []  # the "compare with" picker lists other reports: only for listers
+    if _may_list(request, session):
+        others = [j for j in _recent(session, limit=30, status="done") if j.slug != job.slug]
     context = _report_context(report, raw)
     data = script_json(text or "{}")
     return _render(request, "report.html", job=job, others=others, report_json=data, **context)

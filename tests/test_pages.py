@@ -172,3 +172,28 @@ def test_large_report_page_renders(site):
     assert "1002 nodes · 1002 modules" in response.text  # 200 blocks of 5 + input + output
     card = re.search(r"Training-step peak</div>\s*<div class=\"card-value\">(.*?)<", response.text)
     assert card.group(1) == "3.00 GiB"  # 3 * GIB, formatted
+
+
+def test_listing_needs_an_identity_when_auth_is_on(tmp_path):
+    from fastapi.testclient import TestClient
+    from pages_data import small_report
+    from pages_server import insert_job, make_settings
+
+    from server.app import create_app
+
+    settings = make_settings(
+        tmp_path / "data", auth="token", trusted_identity_header="X-Forwarded-User"
+    )
+    app = create_app(settings)
+    slug = insert_job(app.state.session_factory, small_report(), name="secret-model")
+    other = insert_job(app.state.session_factory, small_report(), name="other-model")
+    client = TestClient(app)
+    assert client.get("/reports").status_code == 401
+    assert "secret-model" not in client.get("/").text
+    page = client.get(f"/r/{slug}")
+    assert page.status_code == 200  # a report stays readable by its link
+    assert other not in page.text  # but the compare picker does not list the others
+    signed_in = {"X-Forwarded-User": "ada"}
+    assert "secret-model" in client.get("/reports", headers=signed_in).text
+    assert "secret-model" in client.get("/", headers=signed_in).text
+    assert other in client.get(f"/r/{slug}", headers=signed_in).text

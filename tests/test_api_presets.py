@@ -145,3 +145,13 @@ def _upload_through_the_page(url: str, path) -> str:  # noqa: ANN001
         slug = page.url.rstrip("/").rsplit("/", 1)[-1]
         browser.close()
     return slug
+
+
+def test_export_level_is_an_option_of_the_upload(tmp_path, monkeypatch) -> None:
+    with api_env("sqlite", tmp_path, monkeypatch) as env:
+        default = _post(env, preset="gpt2")
+        assert env.job(default.json()["slug"]).options["export"] == "fast"
+        full = _post(env, preset="gpt2", export="all")
+        assert env.job(full.json()["slug"]).options["export"] == "all"
+        bad = _post(env, preset="gpt2", export="everything")
+        assert bad.status_code == 422 and "none, fast, all" in bad.json()["error"]["message"]

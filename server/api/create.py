@@ -138,6 +138,9 @@ def create_report(
     device: str | None = Form(None, description="auto, cpu or cuda"),
     fake: bool = Form(False, description="fake tensors: no weights or activations allocated"),
     budget: str | None = Form(None, description="memory budgets, e.g. 24GiB,80GiB"),
+    export: str = Form(
+        "fast", description="export readiness: none, fast (export, TorchScript), all (+ONNX)"
+    ),
 ) -> CreatedReport:
     """Upload a model (and its input) to be inspected; returns the report's links."""
     settings: Settings = request.app.state.settings
@@ -146,7 +149,7 @@ def create_report(
     tag_dict = parse_tags(tags)
     options = parse_options(
         optimizer=optimizer, dtype=dtype, device=device, fake=fake, budget=budget,
-        default_device=settings.device,
+        default_device=settings.device, export=export,
     )  # fmt: skip
     with ExitStack() as stack:
         if preset:

@@ -48,6 +48,9 @@ def parse_name(name: str | None, default: str) -> str:
     return text
 
 
+EXPORT_LEVELS = ("none", "fast", "all")  # inspector.context.Options.export
+
+
 def parse_options(
     *,
     optimizer: str,
@@ -56,6 +59,7 @@ def parse_options(
     fake: bool,
     budget: str | None,
     default_device: str,
+    export: str = "fast",
 ) -> dict[str, Any]:
     """The options the job child hands to `inspector.analyze` (names of `Options` fields)."""
     optimizer = optimizer.strip().lower()
@@ -66,12 +70,16 @@ def parse_options(
     device = (device or default_device).strip().lower()
     if device not in DEVICES:
         raise _invalid(f"device {device!r}: use auto, cpu or cuda")
+    export = export.strip().lower()
+    if export not in EXPORT_LEVELS:
+        raise _invalid(f"export {export!r}: use {', '.join(EXPORT_LEVELS)}")
     return {
         "optimizer": optimizer,
         "dtype": _DTYPE_ALIASES[dtype.strip().lower()],
         "device": device,
         "fake": fake,
         "budgets_bytes": _budgets(budget),
+        "export": export,
     }
 
 

@@ -48,3 +48,17 @@ def postgres_url() -> str:
 def redis_url() -> str:
     require_service("Redis", "127.0.0.1", 6379)
     return REDIS_URL
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """In CI the real sandbox and browser must be there: tests that need them would
+    otherwise skip and a green run would prove nothing about them."""
+    if not IN_CI:
+        return
+    from server.sandbox import sandbox_available
+
+    ok, why = sandbox_available()
+    if not ok:
+        raise pytest.UsageError(f"CI=true requires the bubblewrap sandbox: {why}")
+    if not Path("/usr/bin/chromium").exists():
+        raise pytest.UsageError("CI=true requires /usr/bin/chromium (make system-deps)")

@@ -246,19 +246,7 @@ def model_file(tmp_path: Path) -> Path:
     return path
 
 
-def _pipeline_ready() -> bool:
-    try:
-        cli._pipeline()
-    except ImportError:
-        return False
-    return True
-
-
-needs_pipeline = pytest.mark.skipif(not _pipeline_ready(), reason="pipeline not assembled yet")
-
-
 @pytest.mark.slow
-@needs_pipeline
 def test_real_cli_json_to_stdout(model_file: Path) -> None:
     result = run_python(
         ["-m", "inspector.cli", "inspect", f"{model_file}:Net", "--input", SPEC, "--json", "-"]
@@ -271,7 +259,6 @@ def test_real_cli_json_to_stdout(model_file: Path) -> None:
     assert fc1["output_shapes"] == [["B", 16]]
 
 
-@needs_pipeline
 def test_real_pipeline_tables_and_json_file(
     model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -286,7 +273,6 @@ def test_real_pipeline_tables_and_json_file(
 
 
 @pytest.mark.slow
-@needs_pipeline
 def test_real_cli_missing_model_file_exits_2(tmp_path: Path) -> None:
     result = run_python(["-m", "inspector.cli", "inspect", "missing.py:Net"], cwd=tmp_path)
     assert result.returncode == 2, result.stderr
@@ -294,7 +280,6 @@ def test_real_cli_missing_model_file_exits_2(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr and result.stdout == ""
 
 
-@needs_pipeline
 @pytest.mark.parametrize(
     ("model", "spec", "expected"),
     [

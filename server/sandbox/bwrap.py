@@ -116,14 +116,16 @@ def bwrap_argv(
     args = [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns"]
     args += ["--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL"]
     args += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox"]
+    # The private /tmp first: a runtime that lives under /tmp (a checkout there, its venv)
+    # is bound on top of it, not hidden by it.
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
+    args += ["--size", str(tmp_bytes), "--tmpfs", "/dev/shm"]
     args += ["--ro-bind", "/usr", "/usr", *_root_links()]
     for path in ETC_FILES:
         if os.path.exists(path):
             args += ["--ro-bind", path, path]
     for path in runtime:
         args += ["--ro-bind", path, path]
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
-    args += ["--size", str(tmp_bytes), "--tmpfs", "/dev/shm"]
     args += ["--bind", str(job_dir), JOB_MOUNT]
     for rel in readonly:
         args += ["--ro-bind", str(job_dir / rel), f"{JOB_MOUNT}/{rel}"]

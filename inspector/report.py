@@ -181,6 +181,20 @@ class MemoryAdvice(_Model):
     message: str
 
 
+class SetupEstimate(_Model):
+    """One training set-up of the same model: optimizer, activation dtype, checkpointing."""
+
+    optimizer: str
+    activation_dtype: str
+    checkpointing: bool = False  # every block wrapped in activation checkpointing
+    measured: bool = False  # the set-up the step was run with; the others are derived
+    param_bytes: int = 0
+    grad_bytes: int = 0
+    optimizer_bytes: int = 0
+    saved_activation_bytes: int = 0
+    train_peak_bytes: int = 0
+
+
 class Memory(_Model):
     optimizer: str | None = None
     param_dtype: str | None = None
@@ -205,6 +219,7 @@ class Memory(_Model):
     max_batch: dict[str, int] = Field(default_factory=dict)
     measured: MeasuredMemory | None = None
     advice: list[MemoryAdvice] = Field(default_factory=list)
+    setups: list[SetupEstimate] = Field(default_factory=list)  # the same model, other set-ups
 
 
 class ParamGrad(_Model):

@@ -197,3 +197,27 @@ def test_listing_needs_an_identity_when_auth_is_on(tmp_path):
     assert "secret-model" in client.get("/reports", headers=signed_in).text
     assert "secret-model" in client.get("/", headers=signed_in).text
     assert other in client.get(f"/r/{slug}", headers=signed_in).text
+
+
+def test_training_setups_table(tmp_path):
+    from fastapi.testclient import TestClient
+    from pages_data import small_report
+    from pages_server import insert_job, make_settings
+
+    from inspector.report import SetupEstimate
+    from server.app import create_app
+
+    report = small_report()
+    report.memory.setups = [
+        SetupEstimate(optimizer="adamw", activation_dtype="float32", measured=True,
+                      train_peak_bytes=3 * 2**20, optimizer_bytes=2**20),
+        SetupEstimate(optimizer="sgd", activation_dtype="bf16", checkpointing=True,
+                      train_peak_bytes=2**20),
+    ]  # fmt: skip
+    app = create_app(make_settings(tmp_path / "data"))
+    slug = insert_job(app.state.session_factory, report, name="setups")
+    html = TestClient(app).get(f"/r/{slug}").text
+    table = html.split('<table class="setups">', 1)[1].split("</table>", 1)[0]
+    rows = table.split("<tr")[2:]  # the header row first
+    assert "adamw" in rows[0] and "3.00 MiB" in rows[0] and "(run)" in rows[0]
+    assert "sgd" in rows[1] and "every block" in rows[1] and "1.00 MiB" in rows[1]

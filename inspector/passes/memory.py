@@ -10,7 +10,7 @@ import torch
 
 from inspector.context import Context, Inputs
 from inspector.graph.exportcapture import WRAPPED, flat_tensors
-from inspector.memory import advice, scaling
+from inspector.memory import advice, scaling, setups
 from inspector.memory.analysis import Analysis, analyse, batch_runs, fb_peak, rerun
 from inspector.memory.measure import measure, relative_error
 from inspector.memory.nodes import node_memory
@@ -147,9 +147,43 @@ def _advice(ctx: Context, mem: Memory, a: Analysis) -> None:
     if a.opts.autocast is None and float32 and a.on_fake:
         bf16 = rerun(a, a.inputs, autocast=torch.bfloat16)
         peak = max(fb_peak(bf16), a.train.phase_peaks.get("optimizer", 0))
+        ctx.scratch["memory_bf16"] = (bf16.saved_bytes, fb_peak(bf16))
         mem.advice.append(
             advice.autocast_advice(a.train.peak_bytes, a.train.saved_bytes, peak, bf16.saved_bytes)
         )
+
+
+def _setups(ctx: Context, mem: Memory, a: Analysis) -> None:
+    """The same model under the other optimizers, bf16 autocast and checkpointing."""
+    trainable = [p for p in unique_tensors(a.model.parameters()) if p.requires_grad]
+    names = sorted(set(setups.OPTIMIZERS) | {ctx.options.optimizer})
+    mode = a.opts.fake_mode or _fake_mode()
+    blocks = [x.saving_bytes for x in mem.advice if x.kind == "checkpoint"]
+    every = next((x.saving_bytes for x in mem.advice if x.kind == "checkpoint-all"), 0)
+    bf16_saved, bf16_fb = ctx.scratch.get("memory_bf16", (None, None))
+    t = a.train
+    mem.setups = setups.setups(
+        setups.Measured(
+            optimizer=ctx.options.optimizer,
+            dtype=ctx.options.dtype,
+            resident_bytes=t.param_bytes + t.buffer_bytes + t.input_bytes,
+            param_bytes=t.param_bytes,
+            grad_bytes=t.grad_bytes,
+            saved_bytes=t.saved_bytes,
+            fb_peak_bytes=fb_peak(t),
+            step=setups.step_costs(trainable, names, mode),
+            bf16_saved_bytes=bf16_saved,
+            bf16_fb_peak_bytes=bf16_fb,
+            checkpoint_saving_bytes=every,
+            largest_block_bytes=max(blocks, default=0),
+        )
+    )
+
+
+def _fake_mode() -> Any:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
 
 
 def _measured(ctx: Context, mem: Memory, a: Analysis) -> None:
@@ -179,5 +213,6 @@ _PARTS: list[tuple[str, Callable[[Context, Memory, Analysis], None]]] = [
     ("per module", _modules),
     ("batch scaling", _batch),
     ("advice", _advice),
+    ("set-ups", _setups),
     ("measurement", _measured),
 ]

@@ -46,7 +46,7 @@ def render_terminal(
         _print_failure(report, console)
         return
     _print_module_table(report, depth, console)
-    for section in (_summary, _memory, _advice, _gradients, _export):
+    for section in (_summary, _memory, _advice, _setups, _gradients, _export):
         grid = section(report)
         if grid is not None:
             console.print(grid)
@@ -318,6 +318,30 @@ def _max_batch_lines(report: Report) -> list[tuple[str, str]]:
     text = " · ".join(f"{budget_label(b)}: {format_batch(n)}" for b, n in budgets)
     dim = f" (batch = {m.batch_dim})" if m.batch_dim else ""
     return [("Largest batch", text + dim)]
+
+
+def _setups(report: Report) -> Group | None:
+    """The same model under other optimizers, dtypes and checkpointing, lowest peak last."""
+    rows = report.memory.setups
+    if not rows:
+        return None
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("Optimizer", "Activations", "Checkpointing", "Optimizer state", "Saved", "Peak"):
+        table.add_column(
+            name, justify="right" if name in ("Optimizer state", "Saved", "Peak") else "left"
+        )
+    for row in sorted(rows, key=lambda r: -r.train_peak_bytes):
+        style = "bold" if row.measured else None
+        table.add_row(
+            row.optimizer + (" (run)" if row.measured else ""),
+            row.activation_dtype,
+            "every block" if row.checkpointing else "-",
+            format_bytes(row.optimizer_bytes),
+            format_bytes(row.saved_activation_bytes),
+            format_bytes(row.train_peak_bytes),
+            style=style,
+        )
+    return Group(Text("\nTraining set-ups (same model and batch)", style="bold"), table)
 
 
 def _advice(report: Report) -> Group | None:

@@ -1,0 +1,101 @@
+"""Training set-ups side by side: derived rows agree with steps actually run that way."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from graph_helpers import make_ctx
+from models import MLP, ResNet18
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from inspector.capture import capture_graph
+from inspector.memory.setups import Measured, setups
+from inspector.passes import graph, memory
+
+
+def _memory(build, make_inputs, dims, **options):  # noqa: ANN001, ANN003
+    ctx = make_ctx(build, make_inputs, dims, fake=True)
+    for key, value in options.items():
+        setattr(ctx.options, key, value)
+    ctx.capture = capture_graph(ctx)
+    graph.run(ctx)
+    memory.run(ctx)
+    return ctx.report.memory
+
+
+def _row(mem, optimizer: str, dtype: str, checkpointing: bool = False):  # noqa: ANN001
+    return next(
+        s
+        for s in mem.setups
+        if (s.optimizer, s.activation_dtype, s.checkpointing) == (optimizer, dtype, checkpointing)
+    )
+
+
+def test_rows_by_hand() -> None:
+    m = Measured(
+        optimizer="adamw", dtype="float32", resident_bytes=150, param_bytes=100, grad_bytes=100,
+        saved_bytes=1000, fb_peak_bytes=1500,
+        step={"sgd": (0, 10), "momentum": (100, 20), "adamw": (200, 300)},
+        bf16_saved_bytes=500, bf16_fb_peak_bytes=1000,
+        checkpoint_saving_bytes=800, largest_block_bytes=200,
+    )  # fmt: skip
+    rows = {(r.optimizer, r.activation_dtype, r.checkpointing): r for r in setups(m)}
+    assert len(rows) == 3 * 2 * 2
+    assert rows["adamw", "float32", False].measured
+    # forward/backward 1500 vs the step: 150 resident + 100 grads + 200 state + 300 temporaries
+    assert rows["adamw", "float32", False].train_peak_bytes == 1500
+    assert rows["sgd", "float32", False].train_peak_bytes == 1500 - 200  # no Adam state
+    # checkpointing every block: 800 of saved bytes freed; one block (200) back at the peak
+    assert rows["adamw", "float32", True].saved_activation_bytes == 1000 - 800
+    assert rows["adamw", "float32", True].train_peak_bytes == 1500 - 600
+    # in bf16 the blocks hold half as much: (800 - 200) * 500 / 1000 = 300 off the peak
+    assert rows["momentum", "bf16", True].train_peak_bytes == 1000 - 100 - 300
+    # with no activations left the optimizer step is the peak: 150 + 100 + 200 + 300
+    tiny = Measured(**{**m.__dict__, "fb_peak_bytes": 400, "bf16_fb_peak_bytes": None})
+    assert setups(tiny)[-2].train_peak_bytes == 750
+
+
+MLP_INPUTS = (lambda B: ((torch.randn(B, 784),), {}), {"B": 64})
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum"])
+def test_optimizer_rows_match_a_step_run_with_that_optimizer(optimizer: str) -> None:
+    base = _memory(MLP, *MLP_INPUTS, optimizer="adamw")
+    other = _memory(MLP, *MLP_INPUTS, optimizer=optimizer)
+    row = _row(base, optimizer, "float32")
+    assert row.optimizer_bytes == other.optimizer_bytes
+    assert row.train_peak_bytes == pytest.approx(other.train_peak_bytes, rel=1e-3)
+
+
+def test_bf16_row_matches_a_step_run_under_autocast() -> None:
+    inputs = (lambda B: ((torch.randn(B, 3, 64, 64),), {}), {"B": 8})
+    base = _memory(ResNet18, *inputs)
+    bf16 = _memory(ResNet18, *inputs, dtype="bf16")
+    row = _row(base, "adamw", "bf16")
+    assert row.saved_activation_bytes == bf16.saved_activation_bytes
+    assert row.train_peak_bytes == pytest.approx(bf16.train_peak_bytes, rel=0.02)
+
+
+class Blocks(nn.Module):
+    def __init__(self, checkpointed: bool = False) -> None:
+        super().__init__()
+        self.checkpointed = checkpointed
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)) for _ in range(6)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpointed else block(x)
+        return x
+
+
+def test_checkpoint_row_is_close_to_a_checkpointed_model() -> None:
+    inputs = (lambda B: ((torch.randn(B, 256),), {}), {"B": 128})
+    base = _memory(Blocks, *inputs)
+    done = _memory(lambda: Blocks(checkpointed=True), *inputs)
+    row = _row(base, "adamw", "float32", checkpointing=True)
+    # each block keeps its input (128*256*4 = 128 KiB) either way; the rest is recomputed
+    assert row.saved_activation_bytes == done.saved_activation_bytes == 6 * 128 * 256 * 4
+    assert row.train_peak_bytes == pytest.approx(done.train_peak_bytes, rel=1e-3)

@@ -148,6 +148,7 @@ def test_tags_and_options(env):
         "device": "cpu",
         "fake": True,
         "budgets_bytes": [16 * 10**9, 80 * 1024**3],
+        "export": "fast",
     }
 
 

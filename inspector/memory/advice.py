@@ -9,6 +9,7 @@ saves that). Blocks are the children of `nn.ModuleList` / `nn.Sequential` contai
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from torch import nn
 
@@ -29,6 +30,20 @@ def blocks(model: nn.Module) -> list[tuple[str, str]]:
     if not out:
         out = [(n, type(m).__name__) for n, m in model.named_children()]
     return [b for b in out if not any(b[0].startswith(o[0] + ".") for o in out if o != b)]
+
+
+def unsaved_block_inputs(model: nn.Module, train: Any) -> int:
+    """Bytes of block inputs that no op saved: a checkpointed block keeps its input, so
+    these come on top of what is saved now. A block's input is the previous block's output
+    (the first block's input is not known here: left out)."""
+    saved = train.saved  # storage key -> (bytes, producer)
+    total = 0
+    paths = [path for path, _ in blocks(model)]
+    for path in paths[:-1]:  # the last block's output is no block's input
+        keys = train.module_outputs.get(path, set())
+        if keys and not any(k in saved for k in keys):
+            total += train.module_output_bytes.get(path, 0)
+    return total
 
 
 def _inside(label: str | None, path: str) -> bool:

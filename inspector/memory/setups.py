@@ -45,6 +45,9 @@ class Measured:
     bf16_fb_peak_bytes: int | None = None
     checkpoint_saving_bytes: int = 0  # all blocks checkpointed: saved bytes freed
     largest_block_bytes: int = 0  # recomputed during backward, so it comes back
+    # block inputs no op saved (a norm that saves its float32 copy instead): a checkpoint
+    # keeps them
+    checkpoint_kept_bytes: int = 0
 
 
 def setups(m: Measured) -> list[SetupEstimate]:
@@ -72,8 +75,9 @@ def _row(m: Measured, optimizer: str, dtype: str, checkpoint: bool) -> SetupEsti
         saved, fb = m.bf16_saved_bytes or 0, m.bf16_fb_peak_bytes or 0
     if checkpoint:
         ratio = saved / m.saved_bytes if m.saved_bytes else 1.0  # bf16 halves the blocks too
-        saved -= round(m.checkpoint_saving_bytes * ratio)
-        fb -= round((m.checkpoint_saving_bytes - m.largest_block_bytes) * ratio)
+        kept = m.checkpoint_kept_bytes * ratio
+        saved -= round(m.checkpoint_saving_bytes * ratio - kept)
+        fb -= round((m.checkpoint_saving_bytes - m.largest_block_bytes) * ratio - kept)
     step_peak = m.resident_bytes + m.grad_bytes + state + temporaries if optimizer != "none" else 0
     return SetupEstimate(
         optimizer=optimizer,

@@ -165,7 +165,7 @@ def _setups(ctx: Context, mem: Memory, a: Analysis) -> None:
     mem.setups = setups.setups(
         setups.Measured(
             optimizer=ctx.options.optimizer,
-            dtype=ctx.options.dtype,
+            dtype=_activation_dtype(ctx.options.dtype, mem.param_dtype),
             resident_bytes=t.param_bytes + t.buffer_bytes + t.input_bytes,
             param_bytes=t.param_bytes,
             grad_bytes=t.grad_bytes,
@@ -176,8 +176,17 @@ def _setups(ctx: Context, mem: Memory, a: Analysis) -> None:
             bf16_fb_peak_bytes=bf16_fb,
             checkpoint_saving_bytes=every,
             largest_block_bytes=max(blocks, default=0),
+            checkpoint_kept_bytes=advice.unsaved_block_inputs(a.model, t) if every else 0,
         )
     )
+
+
+def _activation_dtype(autocast: str, param_dtype: str | None) -> str:
+    """What activations are in: the autocast dtype, else the weights' own (a bf16 model
+    computes in bf16 without autocast)."""
+    if autocast == "float32" and param_dtype in ("bfloat16", "float16"):
+        return {"bfloat16": "bf16", "float16": "fp16"}[param_dtype]
+    return autocast
 
 
 def _fake_mode() -> Any:

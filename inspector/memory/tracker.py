@@ -10,6 +10,7 @@ visible here). On CUDA the caching allocator rounds each block up to 512 bytes; 
 
 from __future__ import annotations
 
+import gc
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,22 @@ class LiveTracker(TorchDispatchMode):
         self.phase_peaks: dict[str, int] = {}
         self._last_backward: str | None = None
         self.tag_backward = True  # label backward ops by their autograd node's tag
+        self._gc_was_enabled = False
+
+    # Frees are seen through weakref callbacks: a tensor kept by a reference cycle would
+    # die whenever the cycle collector happens to run, making peaks vary run to run. No
+    # collection while tracking: what refcounting frees is freed at once, cycles never.
+    def __enter__(self) -> LiveTracker:
+        self._gc_was_enabled = gc.isenabled()
+        gc.disable()
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            if self._gc_was_enabled:
+                gc.enable()
 
     # -- registering storages -------------------------------------------------------------
     def add(self, t: torch.Tensor, kind: str = "step", producer: str | None = None) -> None:

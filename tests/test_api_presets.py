@@ -122,19 +122,10 @@ def test_mixtral_config_through_the_api_and_gpt2_xl_through_the_page(tmp_path) -
         assert body["report"]["totals"]["params"] == PRESETS["gpt2-xl"].published_params
 
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-]
-
-
 def _upload_through_the_page(url: str, path) -> str:  # noqa: ANN001
-    from playwright.sync_api import sync_playwright
+    from browser_support import chromium
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+    with chromium() as browser:
         page = browser.new_page()
         page.goto(url + "/")
         page.set_input_files("#model-file", str(path))
@@ -143,7 +134,6 @@ def _upload_through_the_page(url: str, path) -> str:  # noqa: ANN001
         page.click("#submit")
         page.wait_for_url("**/r/**", timeout=60_000)
         slug = page.url.rstrip("/").rsplit("/", 1)[-1]
-        browser.close()
     return slug
 
 

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from browser_support import ARTIFACTS, chromium
 from pages_data import small_report, synthetic_report
 from pages_server import live_server, make_settings
 
@@ -18,10 +19,6 @@ from inspector.report import Capture, Node, Report, TensorInfo
 pytestmark = pytest.mark.browser
 playwright = pytest.importorskip("playwright.sync_api")
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update"]  # fmt: skip
-ARTIFACTS = Path(__file__).parent / "artifacts"
 MODELS = Path(__file__).parent / "models.py"
 # Only the passes the graph shows (export readiness alone costs ~30 s on GPT-2).
 PASSES = {"graph", "memory", "gradients", "findings"}
@@ -67,12 +64,8 @@ def gpt2_slug(server, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing (Debian package chromium)")
-    with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture

@@ -9,19 +9,15 @@ from __future__ import annotations
 import importlib.util
 import io
 import zipfile
-from pathlib import Path
 
 import pytest
+from browser_support import ARTIFACTS, chromium
 from pages_data import MIB, small_report, synthetic_report
 from pages_server import live_server, make_settings
 
 pytestmark = pytest.mark.browser
 playwright = pytest.importorskip("playwright.sync_api")
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update"]  # fmt: skip
-ARTIFACTS = Path(__file__).parent / "artifacts"
 XSS_NAME = '<script>window.__xss=1</script><img src=x onerror="window.__xss=2">'
 MLP = b"""import torch
 from torch import nn
@@ -50,12 +46,8 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing (Debian package chromium)")
-    with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from inspector.report import Report
 from inspector.units import ACCELERATOR_BUDGETS, format_bytes, format_count
 from server.api.errors import ApiError
 from server.auth import identify
-from server.db import SessionDep
+from server.db import SessionDep, release
 from server.models import Job, Tag
 
 __all__ = ["router", "templates", "summary_cards", "compare_view"]
@@ -309,6 +309,7 @@ def report_page(request: Request, slug: str, session: SessionDep) -> HTMLRespons
     others = []  # the "compare with" picker lists other reports: only for listers
     if _may_list(request, session):
         others = [j for j in _recent(session, limit=30, status="done") if j.slug != job.slug]
+    release(session)  # rendering a big report needs no connection
     context = _report_context(report, raw)
     data = script_json(text or "{}")
     return _render(request, "report.html", job=job, others=others, report_json=data, **context)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, Text, cast, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session, aliased, selectinload
+from sqlalchemy.orm import Session, aliased, defer, selectinload
 
 from server.api.errors import ApiError
 from server.models import Job, Tag, Upload, utcnow
@@ -21,6 +21,20 @@ def get_job(session: Session, *, slug: str) -> Job:
     if job is None:
         raise ApiError(404, "not_found", f"no report {slug!r}: check the link")
     return job
+
+
+def get_job_and_report_text(session: Session, *, slug: str) -> tuple[Job, str | None]:
+    """The job and its report as the stored JSON text: served as is, no parse and
+    re-serialize of megabytes per request."""
+    query = (
+        select(Job, cast(Job.report_json, Text))
+        .options(defer(Job.report_json), selectinload(Job.tags))
+        .where(Job.slug == slug)
+    )
+    row = session.execute(query).first()
+    if row is None:
+        raise ApiError(404, "not_found", f"no report {slug!r}: check the link")
+    return row[0], row[1]
 
 
 def _filtered(

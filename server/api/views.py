@@ -57,11 +57,13 @@ def _error(job: Job) -> dict | None:
     return None
 
 
-def detail(request: Request, job: Job, queue_position: int | None) -> ReportDetail:
+def detail(
+    request: Request, job: Job, queue_position: int | None, *, with_report: bool = True
+) -> ReportDetail:
     return ReportDetail(
         **_row_fields(request, job),
         error=_error(job),
-        report=job.report_json,
+        report=job.report_json if with_report else None,
         queue_position=queue_position,
         started_at=job.started_at,
         options=job.options or {},

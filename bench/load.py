@@ -180,6 +180,8 @@ def run_load(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 except BaseException:
                     print(c.tail("server", 6000), file=sys.stderr)  # why, before it is deleted
                     raise
+                if result["reads"].errors:  # the server's side of the failed reads
+                    print(c.tail("server", 4000), file=sys.stderr)
                 with factory() as session:
                     attempts = list(session.scalars(select(Job.attempts).where(Job.id > 1)))
                 starts = c.events("sandbox_start")

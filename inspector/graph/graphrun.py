@@ -6,6 +6,7 @@ the whole run, read before and after each node (torch's own per-op formulas).
 
 from __future__ import annotations
 
+import weakref
 from contextlib import nullcontext
 from typing import Any
 
@@ -14,6 +15,7 @@ from torch import fx, nn
 from torch.fx.node import _get_qualified_name
 from torch.utils.flop_counter import FlopCounterMode
 
+from inspector.graph.backflops import TrainingFlopCounter, attention_backward, is_attention
 from inspector.graph.flops import flop_counter_mode
 from inspector.graph.records import NodeRecord, user_location_from_stack
 from inspector.graph.tensors import nbytes, tensor_info, tensor_leaves
@@ -38,22 +40,29 @@ class _Recorder(fx.Interpreter):
         counter: FlopCounterMode | None,
         user_files: list[str],
         strip: str | None,
+        meta_for: torch.device | None = None,
     ) -> None:
         super().__init__(gm, garbage_collect_values=True)
         self.extra_traceback = False  # errors keep their message; we name the node ourselves
         self.counter = counter
+        self.meta_for = meta_for  # a meta run standing for this device
         self.user_files = user_files
         self.strip = strip  # module path prefix of a wrapper to remove (export)
         self.records: list[NodeRecord] = []
         self.index: dict[fx.Node, int] = {}
-        self.seen: set[int] = set()
+        # tensors already counted, held weakly: a freed tensor's id may come back
+        self.seen: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 
-    def _flops(self) -> int:
-        return self.counter.get_total_flops() if self.counter is not None else 0
+    def _flops(self) -> tuple[int, int]:
+        if isinstance(self.counter, TrainingFlopCounter):
+            return self.counter.forward_total, self.counter.backward_total
+        return (self.counter.get_total_flops() if self.counter is not None else 0), 0
 
     def run_node(self, n: fx.Node) -> Any:
         with self._set_current_node(n):
             args, kwargs = self.fetch_args_kwargs_from_env(n)
+            if self.meta_for is not None and _on_device(kwargs.get("device"), self.meta_for):
+                kwargs = {**kwargs, "device": torch.device("meta")}  # export bakes it in
             before = self._flops()
             try:
                 out = getattr(self, n.op)(n.target, args, kwargs)
@@ -66,10 +75,17 @@ class _Recorder(fx.Interpreter):
                     n.meta.get("stack_trace"), self.user_files
                 )
                 raise
-            self._record(n, args, kwargs, out, self._flops() - before)
+            (fwd, bwd), (fwd0, bwd0) = self._flops(), before
+            backward = bwd - bwd0
+            if self.meta_for is not None and n.op == "call_function" and is_attention(n.target):
+                fused = attention_backward(self.meta_for, out, args, kwargs)
+                backward = backward if fused is None else fused
+            self._record(n, args, kwargs, out, fwd - fwd0, backward)
             return out
 
-    def _record(self, n: fx.Node, args: Any, kwargs: Any, out: Any, flops: int) -> None:
+    def _record(
+        self, n: fx.Node, args: Any, kwargs: Any, out: Any, flops: int, backward: int
+    ) -> None:
         ins = tensor_leaves((args, kwargs))
         outs = [] if n.op == "output" else tensor_leaves(out)
         calls = _calls(n, self.strip)
@@ -80,11 +96,12 @@ class _Recorder(fx.Interpreter):
             module_path=calls[-1][1] if calls else "",
             calls=calls,
             inputs=[self.index[a] for a in n.all_input_nodes if a in self.index],
-            in_tensors=[tensor_info(t) for t in ins],
-            out_tensors=[tensor_info(t) for t in outs],
+            in_tensors=[tensor_info(t, self.meta_for) for t in ins],
+            out_tensors=[tensor_info(t, self.meta_for) for t in outs],
             output_bytes=self._new_bytes(outs),
             params=self._params(n, ins),
             flops=flops,
+            flops_backward=backward,
             location=user_location_from_stack(n.meta.get("stack_trace"), self.user_files),
         )
         self.index[n] = len(self.records)
@@ -93,8 +110,8 @@ class _Recorder(fx.Interpreter):
     def _new_bytes(self, outs: list[torch.Tensor]) -> int:
         total = 0
         for t in outs:  # a getitem hands on a tensor an earlier node made: count it once
-            if id(t) not in self.seen:
-                self.seen.add(id(t))
+            if self.seen.get(id(t)) is not t:
+                self.seen[id(t)] = t
                 total += nbytes(t)
         return total
 
@@ -103,6 +120,13 @@ class _Recorder(fx.Interpreter):
             ins = list(self.module.get_submodule(n.target).parameters())
         unique = {id(t): t for t in ins if isinstance(t, nn.Parameter)}
         return sum(t.numel() for t in unique.values())
+
+
+def _on_device(value: Any, device: torch.device) -> bool:
+    if not isinstance(value, str | torch.device):
+        return False
+    value = torch.device(value)
+    return value.type == device.type and value.index in (None, device.index)
 
 
 def _calls(n: fx.Node, strip: str | None) -> list[tuple[str, str]]:
@@ -126,10 +150,25 @@ def record_graph(
     count_flops: bool = True,
     user_files: list[str] | None = None,
     strip: str | None = None,
+    training: bool = False,
+    meta_for: torch.device | None = None,
 ) -> list[NodeRecord]:
-    """Run `gm` on its placeholder values `flat_inputs`; one record per node."""
-    counter = flop_counter_mode() if count_flops else None
-    recorder = _Recorder(gm, counter, list(user_files or []), strip)
-    with torch.no_grad(), counter if counter is not None else nullcontext():
+    """Run `gm` on its placeholder values `flat_inputs`; one record per node.
+
+    `training`: run with grad enabled and count each node's backward FLOPs from the
+    forward ops (`TrainingFlopCounter`; only for fake or meta tensors, which keep no
+    activations); `flops_backward` is None on every record when an op had no backward
+    rule. `meta_for`: the inputs are meta tensors standing for that device."""
+    counter: FlopCounterMode | None = None
+    if training:
+        counter = TrainingFlopCounter()
+    elif count_flops:
+        counter = flop_counter_mode()
+    recorder = _Recorder(gm, counter, list(user_files or []), strip, meta_for)
+    grad = torch.enable_grad() if training else torch.no_grad()
+    with grad, counter if counter is not None else nullcontext():
         recorder.run(*flat_inputs)
+    if isinstance(counter, TrainingFlopCounter) and counter.unknown:
+        for rec in recorder.records:  # an op with no backward rule: measure it instead
+            rec.flops_backward = None
     return recorder.records

@@ -6,6 +6,7 @@ A record's FLOPs are its own (inclusive minus its children's calls), so records 
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -29,7 +30,8 @@ class _HookRecorder:
         self.stack: list[tuple[int, int, list[int], str, str]] = []
         self.ncalls: dict[str, int] = {}
         self.producer: dict[int, int] = {}  # id(tensor) -> record that returned it
-        self.seen: set[int] = set()
+        # tensors already counted, held weakly: a freed tensor's id may come back
+        self.seen: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 
     def _flops(self) -> int:
         return self.counter.get_total_flops() if self.counter is not None else 0
@@ -67,8 +69,8 @@ class _HookRecorder:
         rec.out_tensors = [tensor_info(t) for t in outs]
         for t in outs:
             self.producer.setdefault(id(t), index)
-            if id(t) not in self.seen:  # a parent returning its child's tensor: count once
-                self.seen.add(id(t))
+            if self.seen.get(id(t)) is not t:  # a parent returning its child's tensor: count once
+                self.seen[id(t)] = t
                 rec.output_bytes += nbytes(t)
 
     def _caller(self) -> str | None:

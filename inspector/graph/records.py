@@ -26,6 +26,7 @@ class NodeRecord:
     output_bytes: int = 0  # bytes of tensors this node is the first to produce
     params: int = 0
     flops: int = 0
+    flops_backward: int | None = 0  # training-mode runs; None: no backward rule for an op
     location: str | None = None
 
 

@@ -21,9 +21,10 @@ from inspector.graph.fxcapture import fx_placeholder_values
 from inspector.graph.graphrun import record_graph
 from inspector.graph.hooks import record_hooks
 from inspector.graph.lenient import fake_context, new_fake_mode
+from inspector.graph.metarun import run_on_meta, single_device, to_meta
 from inspector.graph.records import NodeRecord
 
-__all__ = ["record_run", "perturb_fake_mode", "preserved_state"]
+__all__ = ["record_run", "record_meta", "perturb_fake_mode", "preserved_state"]
 
 
 def record_run(
@@ -52,6 +53,36 @@ def record_run(
                 model, lambda: inputs.call(model), count_flops=count_flops, user_files=files
             )
     return []
+
+
+def record_meta(
+    ctx: Context, inputs: Inputs, *, main: bool = True, training: bool = False
+) -> list[NodeRecord]:
+    """`record_run` on meta copies of the inputs and of the graph's tensors (see
+    `metarun`): no arithmetic, nothing allocated. Raises where meta cannot stand in: the
+    model needs values, mixes devices, or (a static export) must be exported again."""
+    method = ctx.capture.method if ctx.capture else None
+    gm = ctx.capture.graph_module if ctx.capture else None
+    strip = None
+    if method == "fx":
+        values = fx_placeholder_values(gm, ctx.model, inputs.args, inputs.kwargs)
+    elif method == "export" and (main or not ctx.scratch.get("graph.reexport", True)):
+        values = flat_tensors(inputs.args, inputs.kwargs)
+        strip = ctx.scratch.get("graph.strip", WRAPPED)
+    else:
+        raise ValueError(f"no meta run for a {method} capture here")
+    device = single_device(gm, values)
+    if device is None:
+        raise ValueError("the model's tensors are on several devices")
+    meta_values = to_meta(values)
+    files = ctx.loaded.user_files
+    return run_on_meta(
+        gm,
+        lambda: record_graph(
+            gm, meta_values, count_flops=main, user_files=files, strip=strip,
+            training=training, meta_for=device,
+        ),
+    )  # fmt: skip
 
 
 def perturb_fake_mode(ctx: Context) -> Any:

@@ -45,10 +45,11 @@ def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def tensor_info(t: torch.Tensor) -> TensorInfo:
+def tensor_info(t: torch.Tensor, device: torch.device | None = None) -> TensorInfo:
+    """`device`: the device a meta tensor stands for."""
     return TensorInfo(
         shape=[int(d) for d in t.shape],
         dtype=str(t.dtype).removeprefix("torch."),
-        device=str(t.device),
+        device=str(device if device is not None else t.device),
         bytes=nbytes(t),
     )

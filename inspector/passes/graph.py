@@ -1,11 +1,16 @@
 """The graph pass: nodes (shapes, params, FLOPs), the module tree, and the totals.
 
-One recording run of the capture on the context's inputs (real, or fake under
-`ctx.fake_mode`), extra fake runs for symbolic dims, one fake forward + backward for
-backward FLOPs. Parameters come from the model itself, tied ones counted once.
+One recording run of the capture, on meta copies of the inputs where the model allows
+(shapes and FLOPs need no values; the backward FLOPs come from the same run), else on
+the context's inputs (real, or fake under `ctx.fake_mode`); extra runs with each named
+dim changed for symbolic dims; a fake forward + backward for the backward FLOPs only when
+the meta run could not count them. Parameters come from the model itself, tied ones
+counted once.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from torch import nn
 
@@ -16,7 +21,7 @@ from inspector.graph.exportcapture import export_graph
 from inspector.graph.modules import build_modules, module_calls
 from inspector.graph.params import ParamTable, param_table
 from inspector.graph.records import NodeRecord
-from inspector.graph.runner import perturb_fake_mode, preserved_state, record_run
+from inspector.graph.runner import perturb_fake_mode, preserved_state, record_meta, record_run
 from inspector.graph.symdims import apply_sym_shapes
 from inspector.graph.symmeta import apply_meta_sym_shapes, symbol_names
 from inspector.graph.tensors import nbytes
@@ -50,6 +55,9 @@ def _main_records(ctx: Context) -> list[NodeRecord]:
     cached = ctx.scratch.pop("graph.records", None)
     if ctx.capture.method == "hooks" and cached is not None:
         return cached  # capture already ran the model with hooks
+    records = _meta_records(ctx)
+    if records is not None:
+        return records
     try:
         with preserved_state(ctx.model, real=ctx.fake_mode is None):
             return record_run(ctx, ctx.inputs, ctx.fake_mode)
@@ -58,6 +66,22 @@ def _main_records(ctx: Context) -> list[NodeRecord]:
         if records is None:
             raise _run_error(ctx, exc) from exc
         return records
+
+
+def _meta_records(ctx: Context) -> list[NodeRecord] | None:
+    """The main run on meta tensors, counting backward FLOPs too (grad enabled: meta
+    keeps nothing); without grad if that fails; None where meta cannot stand in (the
+    model reads values, or mixes devices): the caller runs it on the real inputs."""
+    for training in (True, False):
+        try:
+            records = record_meta(ctx, ctx.inputs, training=training)
+        except Exception:
+            continue
+        ctx.scratch["graph.meta"] = True
+        counted = training and all(r.flops_backward is not None for r in records)
+        ctx.scratch["graph.backward_counted"] = counted
+        return records
+    return None
 
 
 def _static_export_records(ctx: Context) -> list[NodeRecord] | None:
@@ -125,6 +149,11 @@ def _symbolic(ctx: Context, records: list[NodeRecord]) -> None:
         try:
             with mode:
                 inputs = ctx.factory.build(dims={**dims, dim: value}, device=ctx.options.device)
+            if ctx.scratch.get("graph.meta"):
+                try:
+                    return record_meta(ctx, inputs, main=False)
+                except Exception:  # e.g. a static export: run it the fake way
+                    pass
             with preserved_state(ctx.model, real=False):
                 return record_run(ctx, inputs, mode, main=False, count_flops=False)
         except Exception:  # that dim stays concrete; the main run already worked
@@ -158,7 +187,8 @@ def _symbolic_from_export(ctx: Context, records: list[NodeRecord]) -> bool:
 
 
 def _backward(ctx: Context, records: list[NodeRecord]) -> tuple[int, dict[str, int]]:
-    forward = sum(r.flops for r in records)
+    if ctx.scratch.get("graph.backward_counted"):
+        return _by_module(records, lambda r: r.flops_backward or 0)
     try:
         with preserved_state(ctx.model, real=False):
             return measure_backward(ctx.model, ctx.inputs, perturb_fake_mode(ctx))
@@ -167,14 +197,21 @@ def _backward(ctx: Context, records: list[NodeRecord]) -> tuple[int, dict[str, i
             "backward FLOPs estimated as 2 x forward (a fake backward could not run: "
             f"{type(exc).__name__}: {str(exc)[:200]})."
         )
+    return _by_module(records, lambda r: 2 * r.flops)
+
+
+def _by_module(
+    records: list[NodeRecord], flops: Callable[[NodeRecord], int]
+) -> tuple[int, dict[str, int]]:
+    """(total, {module path: FLOPs of its nodes and its submodules' nodes})."""
     per_module: dict[str, int] = {}
     for r in records:
         path = r.module_path or ""
         parts = path.split(".") if path else []
         for k in range(len(parts) + 1):
             prefix = ".".join(parts[:k])
-            per_module[prefix] = per_module.get(prefix, 0) + 2 * r.flops
-    return 2 * forward, per_module
+            per_module[prefix] = per_module.get(prefix, 0) + flops(r)
+    return sum(flops(r) for r in records), per_module
 
 
 def _node(i: int, r: NodeRecord, types: dict[str, str]) -> Node:

@@ -1,0 +1,140 @@
+"""Backward FLOPs from the forward run: torch's own backward formulas, applied to each
+counted forward op with the inputs that require grad.
+
+Autograd only computes the gradient of an input that requires grad: `mm(a, b)` costs
+one mm per such input, a convolution what `aten.convolution_backward`'s formula says for
+its output mask, a fused attention the registered attention-backward formula. So one
+forward run with grad enabled (fake or meta tensors: nothing is kept) gives the backward
+FLOPs that a fake backward would measure, without running it. An op with FLOPs and no
+rule here is reported as unknown: the caller then measures a fake backward instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_backward_flop_count
+
+from inspector.graph.flops import EXTRA_FORMULAS
+
+__all__ = ["TrainingFlopCounter", "attention_backward", "backward_flops", "is_attention"]
+
+_aten = torch.ops.aten
+
+# forward op -> positions of its two matrix operands (bias / input-to-add excluded)
+_MATMULS = {_aten.mm: (0, 1), _aten.bmm: (0, 1), _aten.addmm: (1, 2), _aten.baddbmm: (1, 2)}
+_CONVOLUTIONS = {_aten.convolution, _aten._convolution}
+_FUSED_ATTENTION = {
+    getattr(_aten, name)
+    for name in (
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    )
+    if hasattr(_aten, name)
+}
+
+
+def requires_grad(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.requires_grad
+
+
+def sdpa_backward(out: torch.Tensor, q: Any, k: Any, v: Any) -> int:
+    """The fused attention backward (scores recomputed, then four matmuls)."""
+    if not any(requires_grad(t) for t in (q, k, v)):
+        return 0
+    return sdpa_backward_flop_count(out.shape, q.shape, k.shape, v.shape)
+
+
+def backward_flops(packet: Any, forward: int, out: Any, args: tuple, kwargs: dict) -> int | None:
+    """Backward FLOPs of one forward op that counted `forward` FLOPs; None: no rule."""
+    if packet in _MATMULS:
+        i, j = _MATMULS[packet]
+        return forward * (requires_grad(args[i]) + requires_grad(args[j]))
+    if packet in _CONVOLUTIONS:
+        x, w, bias = args[:3]
+        mask = [requires_grad(x), requires_grad(w), requires_grad(bias)]
+        if not any(mask):
+            return 0
+        stride, padding, dilation, transposed, output_padding, groups = args[3:9]
+        formula = flop_registry[_aten.convolution_backward]
+        return formula(
+            out, x, w, None, stride, padding, dilation, transposed, output_padding, groups, mask,
+            out_val=(x, w, None),
+        )  # fmt: skip
+    if packet in _FUSED_ATTENTION:
+        return sdpa_backward(out[0], *args[:3])
+    return None
+
+
+class TrainingFlopCounter(FlopCounterMode):
+    """FlopCounterMode (with our CPU attention formulas) that also adds up the backward
+    FLOPs of every counted op, and names the ops it has no backward rule for."""
+
+    def __init__(self) -> None:
+        super().__init__(display=False, custom_mapping=EXTRA_FORMULAS)
+        self.forward_total = 0
+        self.backward_total = 0
+        self.unknown: set[str] = set()
+
+    def _count_flops(self, func_packet, out, args, kwargs):  # noqa: ANN001, ANN202
+        formula = self.flop_registry.get(func_packet)
+        if formula is None:
+            return out
+        forward = formula(*args, **kwargs, out_val=out)
+        self.flop_counts["Global"][func_packet] += forward  # get_total_flops stays right
+        self.forward_total += forward
+        if forward:
+            backward = backward_flops(func_packet, forward, out, args, kwargs or {})
+            if backward is None:
+                if any(requires_grad(a) for a in args):
+                    self.unknown.add(str(func_packet))
+            else:
+                self.backward_total += backward
+        return out
+
+
+_SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+
+
+def is_attention(target: Any) -> bool:
+    """An fx / export node target that is scaled_dot_product_attention."""
+    return "scaled_dot_product_attention" in str(getattr(target, "__name__", target))
+
+
+def attention_backward(device: torch.device, out: Any, args: tuple, kwargs: dict) -> int | None:
+    """Backward FLOPs of one scaled_dot_product_attention call run on meta tensors, as
+    the kernel torch picks on `device` counts them. Meta runs the math path (two matmuls,
+    whose backward the counter already counted); a fused kernel's backward also
+    recomputes the scores. None: the math path, keep what was counted."""
+    bound = dict(zip(_SDPA_PARAMS, args, strict=False)) | kwargs
+    q, k, v = bound["query"], bound["key"], bound["value"]
+    if not isinstance(out, torch.Tensor) or not _fused_kernel(device, bound):
+        return None
+    return sdpa_backward(out, q, k, v)
+
+
+def _fused_kernel(device: torch.device, bound: dict) -> bool:
+    """Whether torch's kernel choice on `device` is a fused one. The choice depends on
+    shapes, strides, dtypes and flags, not values, so it is asked with uninitialized
+    tensors like the call's (fake ones would get the meta answer, the math path)."""
+    try:
+        probe = {n: _empty_like(bound.get(n), device) for n in ("query", "key", "value")}
+        probe["attn_mask"] = _empty_like(bound.get("attn_mask"), device)
+        choice = _aten._fused_sdp_choice(
+            probe["query"], probe["key"], probe["value"], probe["attn_mask"],
+            float(bound.get("dropout_p", 0.0)), bool(bound.get("is_causal", False)),
+            scale=bound.get("scale"), enable_gqa=bool(bound.get("enable_gqa", False)),
+        )  # fmt: skip
+    except Exception:  # a device not here (CUDA on a CPU host): its usual fused kernel
+        return True
+    return int(choice) != 0  # 0: the math path
+
+
+def _empty_like(t: Any, device: torch.device) -> Any:
+    if not isinstance(t, torch.Tensor):
+        return t
+    empty = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+    return empty.requires_grad_(t.requires_grad) if t.requires_grad else empty

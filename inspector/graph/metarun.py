@@ -1,0 +1,80 @@
+"""Run a captured graph on meta tensors: shapes, dtypes and FLOPs without arithmetic.
+
+A meta tensor has a shape, dtype and strides but no storage, and its kernels are C++
+shape functions: a graph runs in the time of its Python overhead, whatever the batch, and
+allocates nothing. The model's parameters, buffers and tensor attributes are swapped for
+meta copies only for the run (`torch.func.functional_call`), so the user's model is never
+touched. What needs values (`.item()`, `nonzero`) or a real device raises: the caller then
+runs the graph on the real (or fake) tensors instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves, tree_map_only
+
+__all__ = ["run_on_meta", "to_meta", "single_device"]
+
+
+def single_device(module: nn.Module, values: Any) -> torch.device | None:
+    """The one device of the module's tensors and the inputs; None when they differ."""
+    devices = {t.device for t in _state(module).values()}
+    devices |= {t.device for t in tree_leaves(values) if isinstance(t, torch.Tensor)}
+    if len(devices) > 1:
+        return None
+    return next(iter(devices), torch.device("cpu"))
+
+
+def _meta_like(t: torch.Tensor) -> torch.Tensor:
+    meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    if isinstance(t, nn.Parameter):
+        return nn.Parameter(meta, requires_grad=t.requires_grad)
+    return meta.requires_grad_(t.requires_grad) if t.requires_grad else meta
+
+
+def to_meta(values: Any) -> Any:
+    """The same structure with every tensor replaced by a meta tensor like it."""
+    return tree_map_only(torch.Tensor, _meta_like, values)
+
+
+def _state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor the module reaches by name: parameters and buffers (each name of a
+    tied one), and plain tensor attributes (constants of fx and export graphs)."""
+    out: dict[str, torch.Tensor] = {}
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        dot = prefix + "." if prefix else ""
+        for name, value in vars(sub).items():
+            if isinstance(value, torch.Tensor) and not name.startswith("__"):
+                out[dot + name] = value
+        for name, p in sub._parameters.items():
+            if p is not None:
+                out[dot + name] = p
+        for name, b in sub._buffers.items():
+            if b is not None:
+                out[dot + name] = b
+    return out
+
+
+class _Call(nn.Module):
+    def __init__(self, target: nn.Module, fn: Callable[[], Any]) -> None:
+        super().__init__()
+        self.target = target
+        self.fn = fn
+
+    def forward(self) -> Any:
+        return self.fn()
+
+
+def run_on_meta(module: nn.Module, fn: Callable[[], Any]) -> Any:
+    """`fn()` while `module` holds meta copies of its tensors (tied ones stay tied)."""
+    copies: dict[int, torch.Tensor] = {}
+    state = {}
+    for name, t in _state(module).items():
+        if id(t) not in copies:
+            copies[id(t)] = _meta_like(t)
+        state["target." + name] = copies[id(t)]
+    return torch.func.functional_call(_Call(module, fn), state, (), strict=False)

@@ -60,16 +60,15 @@ def test_counted_backward_equals_the_measured_backward(name: str) -> None:
     assert meta.totals.flops_backward == measured.totals.flops_backward > 0
     # per module, the measured numbers are not a reference: torch's module tracker puts
     # some backward ops in whatever module's backward is open (image's weight grad lands
-    # in `text` below, and HF models are worse); each node's own module is exact
+    # in `text` in some runs, and HF models are worse); each node's own module is exact
 
 
 def test_backward_per_module_by_hand() -> None:
-    meta, _, measured = _pair("dict_in_tuple_out")
+    meta, _, _ = _pair("dict_in_tuple_out")
     # image = Linear(16, 8) on [B=4, 16]: forward 2 * 4 * 16 * 8 = 1024; backward: the
     # weight grad only (the input needs no grad) = 1024. text = Embedding: no matmul.
     assert meta.module("image").flops_backward == 1_024
     assert meta.module("text").flops_backward == 0
-    assert measured.module("text").flops_backward == 1_024  # the tracker's misplacement
 
 
 def test_the_users_model_is_untouched_by_the_meta_run() -> None:

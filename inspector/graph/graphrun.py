@@ -37,7 +37,7 @@ class _Recorder(fx.Interpreter):
     def __init__(
         self,
         gm: fx.GraphModule,
-        counter: FlopCounterMode | None,
+        counter: FlopCounterMode | TrainingFlopCounter | None,
         user_files: list[str],
         strip: str | None,
         meta_for: torch.device | None = None,
@@ -159,7 +159,7 @@ def record_graph(
     forward ops (`TrainingFlopCounter`; only for fake or meta tensors, which keep no
     activations); `flops_backward` is None on every record when an op had no backward
     rule. `meta_for`: the inputs are meta tensors standing for that device."""
-    counter: FlopCounterMode | None = None
+    counter: FlopCounterMode | TrainingFlopCounter | None = None
     if training:
         counter = TrainingFlopCounter()
     elif count_flops:

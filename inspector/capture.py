@@ -20,7 +20,7 @@ from inspector.graph.lenient import fake_context
 from inspector.graph.runner import perturb_fake_mode, preserved_state
 from inspector.graph.symdims import perturbed_value
 from inspector.report import CaptureAttempt
-from inspector.tracebacks import user_location
+from inspector.tracebacks import runs_user_code, user_location
 
 __all__ = ["capture_graph"]
 
@@ -104,7 +104,7 @@ def _export(ctx: Context) -> tuple[CaptureResult, Any]:
             return CaptureResult(method="export", attempts=[], graph_module=gm, exported=ep), None
         except Exception:  # a static export may still work
             pass
-    ep, gm = export_graph(ctx.model, args, kwargs, ctx.fake_mode)
+    ep, gm = export_graph(ctx.model, args, kwargs, ctx.fake_mode, stack_traces=_stacks(ctx))
     ctx.scratch["graph.export_dynamic"] = False
     ctx.scratch["graph.reexport"] = True  # its shapes are baked in
     return CaptureResult(method="export", attempts=[], graph_module=gm, exported=ep), None
@@ -117,11 +117,24 @@ def _dynamic_export(ctx: Context, dynamic: list[list[int]]) -> tuple[Any, Any]:
     dims = dict(ctx.inputs.dims)
     probe = {d: 2 if v == 1 else v for d, v in dims.items()}
     if probe == dims:
-        return export_graph(ctx.model, ctx.inputs.args, ctx.inputs.kwargs, ctx.fake_mode, dynamic)
+        return export_graph(
+            ctx.model, ctx.inputs.args, ctx.inputs.kwargs, ctx.fake_mode, dynamic,
+            stack_traces=_stacks(ctx),
+        )  # fmt: skip
     with ctx.fake_mode or nullcontext():
         inputs = ctx.factory.build(dims=probe, device=ctx.options.device)
     ctx.scratch["graph.export_probe"] = True
-    return export_graph(ctx.model, inputs.args, inputs.kwargs, ctx.fake_mode, dynamic, guards=False)
+    return export_graph(
+        ctx.model, inputs.args, inputs.kwargs, ctx.fake_mode, dynamic, guards=False,
+        stack_traces=_stacks(ctx),
+    )  # fmt: skip
+
+
+def _stacks(ctx: Context) -> bool:
+    """Record node stacks only where they can name a user line (see runs_user_code)."""
+    if "graph.stack_traces" not in ctx.scratch:
+        ctx.scratch["graph.stack_traces"] = runs_user_code(ctx.model, ctx.loaded.user_files)
+    return ctx.scratch["graph.stack_traces"]
 
 
 def _dynamic_axes(ctx: Context) -> list[list[int]] | None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 import linecache
 import os
 import traceback
 from collections.abc import Iterable
+
+from torch import nn
 
 __all__ = ["user_frames", "user_location", "format_user_traceback"]
 
@@ -15,6 +18,21 @@ def _is_user_file(filename: str, user_files: Iterable[str]) -> bool:
     for user in user_files:
         user = os.path.realpath(user)
         if filename == user or filename.startswith(user.rstrip(os.sep) + os.sep):
+            return True
+    return False
+
+
+def runs_user_code(model: nn.Module, user_files: Iterable[str]) -> bool:
+    """Whether the model's forward can reach the user's files: some module of it has its
+    class defined there. A model built only from library classes (Hugging Face from a
+    config) never puts a user frame on the stack, so tracing need not record stacks."""
+    files = list(user_files)
+    for module in model.modules():
+        try:
+            source = inspect.getsourcefile(type(module))
+        except TypeError:  # a class defined in C or at the prompt
+            continue
+        if source and _is_user_file(source, files):
             return True
     return False
 

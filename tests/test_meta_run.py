@@ -43,9 +43,9 @@ def test_meta_run_agrees_with_the_real_run(name: str) -> None:
         assert [(t.shape, t.dtype, t.device) for t in a.output_tensors] == [
             (t.shape, t.dtype, t.device) for t in b.output_tensors
         ], a.name
-        assert [t.sym_shape for t in a.output_tensors] == [
-            t.sym_shape for t in b.output_tensors
-        ], a.name
+        assert [t.sym_shape for t in a.output_tensors] == [t.sym_shape for t in b.output_tensors], (
+            a.name
+        )
         assert (a.flops, a.params, a.output_bytes) == (b.flops, b.params, b.output_bytes), a.name
     assert meta.totals == real.totals
 
@@ -131,3 +131,37 @@ def test_backward_skips_frozen_layers_and_no_grad_blocks(fake: bool) -> None:
     # needs no grad: nothing; the no_grad call of b: nothing
     assert report.totals.flops_backward == 2_560
     assert report.module("a").flops_backward == 0
+
+
+def test_stacks_are_recorded_only_where_a_user_line_can_be_named() -> None:
+    from inspector.tracebacks import runs_user_code
+
+    files = [models.__file__]
+    assert runs_user_code(models.ResNet18(), files)
+    assert not runs_user_code(models.make_gpt2(n_layer=1, n_embd=32, n_head=2)[0], files)
+    # an export capture of a user's model keeps its lines on the nodes
+    ctx = make_ctx(ShapeBranch, lambda B: ((torch.randn(B, 8),), {}), {"B": 2},
+                   user_files=(__file__,))  # fmt: skip
+    report = inspect_ctx(ctx)
+    assert report.capture.method == "export" and ctx.scratch["graph.stack_traces"]
+    assert report.capture.attempts[0].method == "fx" and not report.capture.attempts[0].ok
+    lines = {n.location for n in report.nodes if n.op == "call_function"}
+    assert lines == {f"test_meta_run.py:{ShapeBranch.LINE}"}  # matmul, t, relu
+
+
+class ShapeBranch(nn.Module):
+    """A branch on a shape: fx cannot trace it, export can."""
+
+    LINE = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] == 8:
+            return torch.relu(x @ self.lin.weight.t())
+        return x
+
+
+ShapeBranch.LINE = ShapeBranch.forward.__code__.co_firstlineno + 2

@@ -54,6 +54,7 @@ def export_graph(
     fake_mode: Any = None,
     dynamic: list[list[int]] | None = None,
     guards: bool = True,
+    stack_traces: bool = True,
 ) -> tuple[Any, fx.GraphModule]:
     """(ExportedProgram, its runnable GraphModule) for `model(*args, **kwargs)`; under
     `fake_mode` when the model or inputs are fake. `dynamic[i]` lists the axes of the
@@ -67,7 +68,7 @@ def export_graph(
     if dynamic and any(dynamic):
         auto = torch.export.Dim.AUTO
         shapes = {"tensors": tuple({axis: auto for axis in axes} for axes in dynamic)}
-    with _quiet(), fake_mode if fake_mode is not None else nullcontext():
+    with _quiet(), _stacks(stack_traces), fake_mode if fake_mode is not None else nullcontext():
         ep = torch.export.export(wrapper, tensors, strict=False, dynamic_shapes=shapes)
         if guards:
             return ep, ep.module()
@@ -90,6 +91,20 @@ def moving_axes(base: list[torch.Tensor], others: list[list[torch.Tensor]]) -> l
         }
         out.append(sorted(axes))
     return out
+
+
+@contextmanager
+def _stacks(record: bool) -> Iterator[None]:
+    config = getattr(torch.fx, "config", None)  # torch.fx.config: torch >= 2.6
+    if record or config is None or not hasattr(config, "do_not_emit_stack_traces"):
+        yield
+        return
+    saved = config.do_not_emit_stack_traces  # a plain module: set and put back
+    config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        config.do_not_emit_stack_traces = saved
 
 
 @contextmanager

@@ -42,7 +42,10 @@ def record_run(
         gm = ctx.capture.graph_module
         if not main and ctx.scratch.get("graph.reexport", True):
             # a static export bakes its shapes in: export again at these dims
-            _, gm = export_graph(model, inputs.args, inputs.kwargs, fake_mode)
+            _, gm = export_graph(
+                model, inputs.args, inputs.kwargs, fake_mode,
+                stack_traces=ctx.scratch.get("graph.stack_traces", True),
+            )  # fmt: skip
         strip = ctx.scratch.get("graph.strip", WRAPPED)
         flat = flat_tensors(inputs.args, inputs.kwargs)
         with fake_context(fake_mode):

@@ -89,7 +89,10 @@ def _static_export_records(ctx: Context) -> list[NodeRecord] | None:
     if not ctx.scratch.pop("graph.export_probe", False):
         return None
     try:
-        ep, gm = export_graph(ctx.model, ctx.inputs.args, ctx.inputs.kwargs, ctx.fake_mode)
+        ep, gm = export_graph(
+            ctx.model, ctx.inputs.args, ctx.inputs.kwargs, ctx.fake_mode,
+            stack_traces=ctx.scratch.get("graph.stack_traces", True),
+        )  # fmt: skip
         ctx.capture.graph_module, ctx.capture.exported = gm, ep
         ctx.scratch["graph.export_dynamic"], ctx.scratch["graph.reexport"] = False, True
         with preserved_state(ctx.model, real=ctx.fake_mode is None):

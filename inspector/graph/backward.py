@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from inspector.context import Inputs
 from inspector.graph.flops import EXTRA_FORMULAS
 from inspector.graph.lenient import fake_context
-from inspector.graph.params import in_subtree
+from inspector.graph.params import subtree_sums
 from inspector.graph.tensors import tensor_leaves
 
 __all__ = ["measure_backward"]
@@ -68,7 +68,5 @@ def measure_backward(
 
 def _inclusive(own: dict[str, int], model: nn.Module) -> dict[str, int]:
     """{path: FLOPs of the module and everything under it}."""
-    out = {}
-    for path, _ in model.named_modules():
-        out[path] = sum(v for p, v in own.items() if in_subtree(p, path))
-    return out
+    sums = subtree_sums(own)
+    return {path: sums.get(path, 0) for path, _ in model.named_modules()}

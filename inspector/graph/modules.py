@@ -18,9 +18,8 @@ from functools import lru_cache
 
 from torch import nn
 
-from inspector.graph.params import ParamTable, in_subtree
+from inspector.graph.params import ParamTable, subtree_sums
 from inspector.graph.records import ModuleCall, NodeRecord
-from inspector.graph.tensors import nbytes
 from inspector.report import Module, Shape, TensorInfo
 
 __all__ = ["module_calls", "build_modules"]
@@ -112,12 +111,16 @@ def build_modules(
     for rec in records:
         flops[rec.module_path or ""] += rec.flops
         out_bytes[rec.module_path or ""] += rec.output_bytes
+    flops, out_bytes = subtree_sums(flops), subtree_sums(out_bytes)
+    sums = table.sums()
+    tied: dict[str, list[str]] = defaultdict(list)
+    for alias in table.aliases:
+        tied[alias.rpartition(".")[0]].append(alias)
     out = []
     for path, module in model.named_modules():
-        subtree = [p for p in flops if in_subtree(p, path)]
-        out.append(_module(path, module, calls.get(path, []), table, backward))
-        out[-1].flops_forward = sum(flops[p] for p in subtree)
-        out[-1].output_bytes = sum(out_bytes[p] for p in subtree)
+        out.append(_module(path, module, calls.get(path, []), sums, tied[path], backward))
+        out[-1].flops_forward = flops.get(path, 0)
+        out[-1].output_bytes = out_bytes.get(path, 0)
     _fill_uncalled_backward(out, backward)
     return out
 
@@ -134,9 +137,13 @@ def _fill_uncalled_backward(modules: list[Module], backward: dict[str, int]) -> 
 
 
 def _module(
-    path: str, module: nn.Module, calls: list[ModuleCall], table: ParamTable, bwd: dict
+    path: str,
+    module: nn.Module,
+    calls: list[ModuleCall],
+    sums: dict[str, dict[str, int]],
+    tied: list[str],
+    bwd: dict,
 ) -> Module:
-    params = table.owned(path)
     first = calls[0] if calls else None
     return Module(
         path=path,
@@ -146,12 +153,12 @@ def _module(
         input_shapes=[_shape(t) for t in first.in_tensors] if first else [],
         output_shapes=[_shape(t) for t in first.out_tensors] if first else [],
         output_dtypes=[t.dtype for t in first.out_tensors] if first else [],
-        params=sum(p.numel() for p in params),
-        trainable_params=sum(p.numel() for p in params if p.requires_grad),
-        own_params=sum(p.numel() for p in table.owned(path, recurse=False)),
-        buffers=sum(b.numel() for b in table.owned_buffers(path)),
-        param_bytes=sum(nbytes(p) for p in params),
-        tied_params=table.tied_in(path),
+        params=sums["params"].get(path, 0),
+        trainable_params=sums["trainable"].get(path, 0),
+        own_params=sums["own_params"].get(path, 0),
+        buffers=sums["buffers"].get(path, 0),
+        param_bytes=sums["bytes"].get(path, 0),
+        tied_params=tied,
         calls=len(calls),
         flops_backward=bwd.get(path, 0),
         location=_class_location(type(module)),

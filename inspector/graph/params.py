@@ -15,11 +15,18 @@ from torch import nn
 
 from inspector.graph.tensors import nbytes
 
-__all__ = ["ParamTable", "param_table", "in_subtree"]
+__all__ = ["ParamTable", "param_table", "subtree_sums"]
 
 
-def in_subtree(path: str, root: str) -> bool:
-    return root == "" or path == root or path.startswith(root + ".")
+def subtree_sums(own: dict[str, int]) -> dict[str, int]:
+    """{path: the values of the path and of every path under it}, from each path's own
+    value: linear in the entries (times the depth), not modules x entries."""
+    total: dict[str, int] = defaultdict(int)
+    for path, value in own.items():
+        parts = path.split(".") if path else []
+        for k in range(len(parts) + 1):
+            total[".".join(parts[:k])] += value
+    return total
 
 
 def _owner(name: str) -> str:
@@ -32,14 +39,20 @@ class ParamTable:
     aliases: dict[str, str] = field(default_factory=dict)  # alias name -> canonical name
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def owned(self, path: str, recurse: bool = True) -> list[torch.Tensor]:
-        return [p for n, p in self.params.items() if _match(_owner(n), path, recurse)]
-
-    def owned_buffers(self, path: str, recurse: bool = True) -> list[torch.Tensor]:
-        return [b for n, b in self.buffers.items() if _match(_owner(n), path, recurse)]
-
-    def tied_in(self, path: str) -> list[str]:
-        return [a for a in self.aliases if _owner(a) == path]
+    def sums(self) -> dict[str, dict[str, int]]:
+        """Per module path, with everything under it: params, trainable, bytes, buffers;
+        and own_params, the module's own parameters only."""
+        own: dict[str, dict[str, int]] = {k: defaultdict(int) for k in _SUMS}
+        for name, p in self.params.items():
+            owner = _owner(name)
+            own["params"][owner] += p.numel()
+            own["trainable"][owner] += p.numel() if p.requires_grad else 0
+            own["bytes"][owner] += nbytes(p)
+        for name, b in self.buffers.items():
+            own["buffers"][_owner(name)] += b.numel()
+        out = {k: subtree_sums(v) for k, v in own.items()}
+        out["own_params"] = own["params"]
+        return out
 
     def by_dtype(self) -> tuple[dict[str, int], dict[str, int]]:
         counts: dict[str, int] = defaultdict(int)
@@ -51,8 +64,7 @@ class ParamTable:
         return dict(counts), dict(sizes)
 
 
-def _match(owner: str, path: str, recurse: bool) -> bool:
-    return in_subtree(owner, path) if recurse else owner == path
+_SUMS = ("params", "trainable", "bytes", "buffers")
 
 
 def param_table(model: nn.Module) -> ParamTable:

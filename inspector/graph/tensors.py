@@ -32,12 +32,21 @@ def _walk(obj: Any, seen: set[int], out: list[torch.Tensor], depth: int) -> None
         items: Any = obj.values()
     elif isinstance(obj, list | tuple | set | frozenset):
         items = obj
-    elif hasattr(obj, "__dict__") and not isinstance(obj, torch.nn.Module | type):
+    elif hasattr(obj, "__dict__") and not _opaque(obj):
         items = vars(obj).values()
     else:
         return
     for item in items:
         _walk(item, seen, out, depth + 1)
+
+
+def _opaque(obj: Any) -> bool:
+    """Objects whose attributes hold no output tensors, and can reach far: a module, a
+    class, a SymInt (its node reaches the whole shape environment), torch internals."""
+    if isinstance(obj, torch.nn.Module | type):
+        return True
+    module = type(obj).__module__ or ""
+    return module.startswith(("torch.", "sympy", "logging")) or module == "torch"
 
 
 def nbytes(t: torch.Tensor) -> int:

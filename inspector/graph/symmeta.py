@@ -44,9 +44,16 @@ def symbol_names(gm: fx.GraphModule, axis_dims: list[dict[int, str]]) -> dict[An
     return out
 
 
-def _dim(size: Any, names: dict[Any, str], order: list[str]) -> Dim:
+def _dim(size: Any, names: dict[Any, str], order: list[str], memo: dict) -> Dim:
     if not isinstance(size, torch.SymInt):
         return int(size)
+    key = size.node.expr
+    if key not in memo:  # sympy is slow, and the same few sizes come back on every node
+        memo[key] = _named(size, names, order)
+    return memo[key]
+
+
+def _named(size: torch.SymInt, names: dict[Any, str], order: list[str]) -> Dim:
     expr = size.node.expr
     coef, factors = expr.as_coeff_mul()
     exps: dict[str, int] = {}
@@ -65,14 +72,14 @@ def _dim(size: Any, names: dict[Any, str], order: list[str]) -> Dim:
 
 
 def _assign(
-    infos: list[TensorInfo], metas: list[torch.Tensor], names: dict, order: list[str]
+    infos: list[TensorInfo], metas: list[torch.Tensor], names: dict, order: list[str], memo: dict
 ) -> None:
     if len(infos) != len(metas):
         return
     for info, meta in zip(infos, metas, strict=True):
         if meta.dim() != len(info.shape):
             continue
-        sym = [_dim(s, names, order) for s in meta.shape]
+        sym = [_dim(s, names, order, memo) for s in meta.shape]
         info.sym_shape = sym if any(isinstance(s, str) for s in sym) else None
 
 
@@ -90,11 +97,12 @@ def apply_meta_sym_shapes(
             return getattr_path(gm, str(a.target))
         return a.meta.get("val")
 
+    memo: dict = {}
     for node, rec in zip(nodes, records, strict=True):
         ins = tensor_leaves(fx.node.map_arg((node.args, node.kwargs), val))
-        _assign(rec.in_tensors, ins, names, order)
+        _assign(rec.in_tensors, ins, names, order, memo)
         if node.op != "output":
-            _assign(rec.out_tensors, tensor_leaves(node.meta.get("val")), names, order)
+            _assign(rec.out_tensors, tensor_leaves(node.meta.get("val")), names, order, memo)
 
 
 def getattr_path(root: Any, target: str) -> Any:

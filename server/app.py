@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from server.api import compare, create, health, ops, reports
 from server.api.errors import install_error_handlers
 from server.api.middleware import FORM_SLACK_BYTES, BodyLimit
 from server.db import make_engine, make_session_factory
+from server.readcache import ReadCache
 from server.settings import Settings, get_settings
 from server.storage import UploadStore
 
@@ -29,6 +31,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = make_engine(settings.database_url)
     app.state.session_factory = make_session_factory(app.state.engine)
     app.state.store = UploadStore(settings.data_dir)
+    app.state.read_cache = ReadCache(settings.read_cache_bytes, settings.read_cache_ttl_s)
+    app.state.upload_turns = asyncio.Semaphore(create.UPLOADS_AT_ONCE)
     app.add_middleware(BodyLimit, max_bytes=settings.max_upload_bytes + FORM_SLACK_BYTES)
     install_error_handlers(app)
     for module in (create, reports, compare, health, ops):

@@ -31,6 +31,7 @@ from server.tokens import find_token
 __all__ = [
     "Identity",
     "identify",
+    "known_identity",
     "require_identity",
     "require_admin",
     "require_uploader",
@@ -73,16 +74,27 @@ def _unauthorized(message: str) -> ApiError:
 
 def identify(request: Request, session: Session, settings: Settings) -> Identity:
     """The caller's identity; 401 when authentication is on and none is valid."""
+    known = known_identity(request, settings)
+    return known if known is not None else _token_identity(session, _bearer_token(request))
+
+
+def known_identity(request: Request, settings: Settings) -> Identity | None:
+    """The caller's identity as far as the headers tell it: the proxy's user, or anyone in
+    open mode; None when an API token is to be looked up; 401 when there is none."""
     header = settings.trusted_identity_header
     user = request.headers.get(header, "").strip() if header else ""
     if user:
         return Identity(kind="proxy", name=user[:200])
     if settings.auth == "none":
         return ANONYMOUS
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    if not _bearer_token(request):
         raise _unauthorized(f"authentication required: {_HOW}")
-    return _token_identity(session, token.strip())
+    return None
+
+
+def _bearer_token(request: Request) -> str:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
 
 
 def _token_identity(session: Session, token: str) -> Identity:

@@ -27,6 +27,7 @@ _SIZE_FIELDS = (
     "job_tmp_bytes",
     "job_output_bytes",
     "max_data_bytes",
+    "read_cache_bytes",
 )
 
 
@@ -62,6 +63,8 @@ class Settings(BaseSettings):
     job_output_bytes: int = 256 * 1024  # stdout/stderr of a child kept (head + tail), each
     job_heartbeat_s: float = 2.0  # a running job's row is touched at least this often
     job_stale_after_s: float = 60.0  # no heartbeat for this long: its worker is gone
+    job_nice: int = 10  # job children run this much nicer (0-19): web requests go first
+    job_sched_idle: bool = False  # job children in SCHED_IDLE: the CPU only when it is idle
     queue_name: str = "inspector"  # the huey queue (one per deployment; a Redis key prefix)
     # Access (server.auth): who may upload, re-run and delete.
     auth: Literal["none", "token"] = "none"  # token: `Authorization: Bearer <API token>`
@@ -74,6 +77,11 @@ class Settings(BaseSettings):
     max_data_bytes: int = 0  # stored uploads in total; past it uploads get 507; 0 = no limit
     job_lost_after_s: float = 30.0  # queued this long while the queue is empty: queue it again
     protected_branches: str = "main,master"  # `inspector gc` keeps reports tagged branch=<these>
+    # Serving (server.readcache): done reports' JSON and pages kept in memory, per process.
+    # An entry is checked against the database again after the TTL, so a report deleted by
+    # another process (another web process, `inspector gc`) stops being served by then.
+    read_cache_bytes: int = 256 * MiB  # the bodies and their gzip copies in total; 0 = off
+    read_cache_ttl_s: float = 30.0
 
     @field_validator(*_SIZE_FIELDS, mode="before")
     @classmethod
@@ -140,10 +148,15 @@ def _refuse_unsafe(settings: Settings) -> None:
         )
     if settings.max_data_bytes < 0:
         problems.append("INSPECTOR_MAX_DATA_BYTES must be 0 (no limit) or more")
+    if settings.read_cache_bytes < 0:
+        problems.append("INSPECTOR_READ_CACHE_BYTES must be 0 (off) or more")
+    if not 0 <= settings.job_nice <= 19:
+        problems.append("INSPECTOR_JOB_NICE must be 0 (off) to 19 (lowest priority)")
     if settings.upload_rate_per_minute < 0:
         problems.append("INSPECTOR_UPLOAD_RATE_PER_MINUTE must be 0 (no limit) or more")
     positive = ("max_upload_bytes", "max_zip_files", "max_zip_uncompressed_bytes", "job_timeout_s")
     positive += ("job_cpu_s", "job_max_procs", "job_max_file_bytes", "worker_concurrency")
+    positive += ("read_cache_ttl_s",)
     for name in positive:
         if getattr(settings, name) <= 0:
             problems.append(f"INSPECTOR_{name.upper()} must be positive")

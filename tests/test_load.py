@@ -38,3 +38,7 @@ def test_concurrent_jobs_each_run_once_while_readers_read(tmp_path, postgres_url
     assert summary["sandbox_starts"] == 12 == summary["distinct_jobs_started"]  # ran once
     assert summary["reads"] > 20 and summary["read_errors"] == 0, summary["read_error_samples"]
     assert summary["json_p99_ms"] is not None and summary["page_p99_ms"] is not None
+    # Full GETs came gzipped (the 1,000-node JSON is ~1.2 MB as is), revalidations as 304s.
+    assert 0 < summary["bytes_by_kind"]["json"] < 300_000, summary["bytes_by_kind"]
+    assert summary["reads_by_kind"]["json_304"] > 0 and summary["bytes_by_kind"]["json_304"] == 0
+    assert "json" not in summary["revalidations_changed"]  # a done report's JSON never changes

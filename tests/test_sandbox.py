@@ -12,6 +12,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -201,6 +202,39 @@ def test_tmp_is_a_small_tmpfs(tmp_path):
     code = "try: open('/tmp/f', 'wb').write(b'x' * (8 * 2**20))\n"
     code += "except OSError as e: print(e.errno)"
     assert run_py(tmp_path, code, limits).stdout.strip() == "28"  # ENOSPC
+
+
+def test_the_child_runs_nicer_than_its_worker_and_the_watchdog_does_not(tmp_path):
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    code = "import os, time; print(os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0))"
+    code += "; time.sleep(0.5)"
+    watchdog: list[int] = []  # on_tick runs on the thread that watches the child
+
+    def tick() -> None:
+        watchdog.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    job = tmp_path / "job"
+    job.mkdir()
+    niced = run_child([sys.executable, "-c", code], job, replace(FAST, nice=7), on_tick=tick)
+    plain = run_py(tmp_path, code, replace(FAST, nice=0))
+    idle = run_py(tmp_path, code, replace(FAST, nice=0, sched_idle=True))
+    assert niced.status == plain.status == idle.status == "done", (niced, plain, idle)
+    # `nice -n 7` adds to the worker's own niceness; 0 runs no `nice` at all.
+    assert niced.stdout.split() == [str(min(own + 7, 19)), str(os.SCHED_OTHER)]
+    assert plain.stdout.split() == [str(own), str(os.SCHED_OTHER)]
+    assert idle.stdout.split() == [str(own), str(os.SCHED_IDLE)]
+    assert watchdog and set(watchdog) == {own}  # the worker's threads keep their priority
+    assert os.getpriority(os.PRIO_PROCESS, 0) == own
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
+def test_job_limits_take_the_priority_settings():
+    from server.settings import Settings
+
+    default = Limits.from_settings(Settings())
+    assert (default.nice, default.sched_idle) == (10, False)  # INSPECTOR_JOB_NICE's default
+    chosen = Limits.from_settings(Settings(job_nice=0, job_sched_idle=True))
+    assert (chosen.nice, chosen.sched_idle) == (0, True)
 
 
 def test_should_stop_interrupts(tmp_path):

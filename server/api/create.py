@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Annotated
 
-from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 
 from inspector.presets_data import PRESETS, preset_names
 from server.api import queries
@@ -31,6 +33,21 @@ _ERRORS = {
     503: {"model": ErrorResponse, "description": "no sandbox: uploads refused"},
     507: {"model": ErrorResponse, "description": "the upload store is full"},
 } | UPLOAD_AUTH_RESPONSES
+
+
+# Uploads checked and stored at once: a burst of them (CI fanning out) waits for a turn on
+# the event loop, instead of taking every worker thread, and with them the GIL, from the
+# readers of reports.
+UPLOADS_AT_ONCE = 4
+
+
+async def upload_turn(request: Request) -> AsyncIterator[None]:
+    """Dependency: hold one of the UPLOADS_AT_ONCE turns while the upload is handled."""
+    async with request.app.state.upload_turns:
+        yield
+
+
+UploadTurn = Annotated[None, Depends(upload_turn, scope="function")]
 
 
 @dataclass
@@ -122,6 +139,7 @@ def _stage_input(
 @router.post("/reports", status_code=201, response_model=CreatedReport, responses=_ERRORS)
 def create_report(
     request: Request,
+    _turn: UploadTurn,  # first: waited for before the other dependencies run
     session: SessionDep,
     _identity: UploaderDep,
     model: UploadFile | None = File(

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, aliased, defer, selectinload
 from server.api.errors import ApiError
 from server.models import Job, Tag, Upload, utcnow
 
-__all__ = ["get_job", "list_jobs", "queue_position", "ensure_upload", "add_job"]
+__all__ = ["get_job", "is_done", "list_jobs", "queue_position", "ensure_upload", "add_job"]
 
 
 def get_job(session: Session, *, slug: str) -> Job:
@@ -35,6 +35,12 @@ def get_job_and_report_text(session: Session, *, slug: str) -> tuple[Job, str | 
     if row is None:
         raise ApiError(404, "not_found", f"no report {slug!r}: check the link")
     return row[0], row[1]
+
+
+def is_done(session: Session, *, slug: str) -> bool:
+    """Whether report `slug` still exists and is done (one indexed row, no report JSON)."""
+    query = select(Job.id).where(Job.slug == slug, Job.status == "done")
+    return session.scalar(query) is not None
 
 
 def _filtered(

@@ -5,14 +5,16 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
+from sqlalchemy.orm import Session
 
 from server.api import queries
 from server.api.dispatch import enqueue, require_sandbox
 from server.api.errors import ApiError
 from server.api.formfields import parse_tags
 from server.api.schemas import CreatedReport, ErrorResponse, ReportDetail, ReportList
-from server.api.views import detail, job_urls, row
+from server.api.views import base_url, detail, job_urls, row
 from server.auth import (
     ADMIN_RESPONSES,
     AUTH_RESPONSES,
@@ -23,6 +25,7 @@ from server.auth import (
 )
 from server.db import SessionDep, release
 from server.models import FINAL_STATUSES, JOB_STATUSES, Job
+from server.readcache import Cached, CacheKey, ReadCache, cached_response
 from server.storage import UploadStore
 
 router = APIRouter(prefix="/api/v1", tags=["reports"])
@@ -32,14 +35,37 @@ _409 = {409: {"model": ErrorResponse, "description": "the report is not done yet
 
 
 @router.get("/reports/{slug}", response_model=ReportDetail, responses=_404)
-def get_report(slug: str, request: Request, session: SessionDep) -> Response:
+async def get_report(slug: str, request: Request, session: SessionDep) -> Response:
     """A job's status, progress and error; the whole report once done."""
+    key = ("json", slug, base_url(request))  # the envelope's links start with the base URL
+    # A kept body is sent from the event loop: it never queues for a worker thread behind
+    # uploads and database reads. Anything else is read in a thread, as in a sync endpoint.
+    found = request.app.state.read_cache.peek(key)
+    if found is None:
+        found = await run_in_threadpool(_fetch_report, request, session, key)
+    return cached_response(request, found) if isinstance(found, Cached) else found
+
+
+def _fetch_report(request: Request, session: Session, key: CacheKey) -> Cached | Response:
+    cache: ReadCache = request.app.state.read_cache
+    slug = key[1]
+    found = cache.fetch(
+        key, lambda: _report_body(request, session, slug),
+        still_done=lambda: queries.is_done(session, slug=slug),
+    )  # fmt: skip
+    release(session)
+    return found
+
+
+def _report_body(request: Request, session: Session, slug: str) -> Cached | Response:
     job, text = queries.get_job_and_report_text(session, slug=slug)
     position = queries.queue_position(session, job=job)
     release(session)  # the report may be megabytes: no connection held while it is sent
     body = detail(request, job, position, with_report=False).model_dump_json()
     if text is not None:  # the stored JSON spliced in: key names are never escaped text
         body = body.replace('"report":null', f'"report":{text}', 1)
+    if job.status == "done" and text is not None:  # it never changes again: kept
+        return request.app.state.read_cache.entry(body.encode(), "application/json")
     return Response(body, media_type="application/json")
 
 
@@ -138,8 +164,11 @@ def _copied_columns(job: Job) -> dict:
 
 
 @router.delete("/reports/{slug}", status_code=204, responses=_404 | ADMIN_RESPONSES)
-def delete_report(slug: str, session: SessionDep, _identity: AdminDep) -> Response:
+def delete_report(
+    slug: str, request: Request, session: SessionDep, _identity: AdminDep
+) -> Response:
     """Delete a report and its tags (the stored upload stays: others may share it)."""
     session.delete(queries.get_job(session, slug=slug))
     session.commit()
+    request.app.state.read_cache.drop(slug)  # other processes: within the cache's TTL
     return Response(status_code=204)

@@ -1,7 +1,10 @@
-"""What one job child may use, and the `prlimit` prefix that sets the kernel's rlimits.
+"""What one job child may use, and the command prefix that sets its CPU priority (`chrt`,
+`nice`) and the kernel's rlimits (`prlimit`).
 
-The rlimits are set by /usr/bin/prlimit right before it execs bwrap (inherited by the
-sandbox), so the worker never forks with a `preexec_fn` while it runs threads.
+Each tool sets its part and execs the next, down to bwrap (the sandbox inherits it all), so
+the worker never forks with a `preexec_fn` while it runs threads, and the worker itself
+(its watchdog and heartbeat threads) keeps its own priority. The child cannot raise its
+priority again: that needs CAP_SYS_NICE, which the sandbox drops.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Limits", "prlimit_prefix", "address_space_bytes"]
+__all__ = ["Limits", "priority_prefix", "prlimit_prefix", "address_space_bytes"]
 
 MiB = 1024**2
 GiB = 1024**3
@@ -32,6 +35,8 @@ class Limits:
     output_bytes: int = 256 * 1024  # stdout and stderr kept, each
     max_job_files: int = 10_000  # files the child may create in its job dir
     address_space: bool = True  # RLIMIT_AS; off for CUDA, whose driver maps huge ranges
+    nice: int = 10  # added to the worker's CPU niceness: web requests on the host go first
+    sched_idle: bool = False  # SCHED_IDLE: the CPU only when nothing else on the host wants it
     poll_s: float = 0.1
 
     @classmethod
@@ -45,11 +50,23 @@ class Limits:
             tmp_bytes=int(getattr(settings, "job_tmp_bytes", cls.tmp_bytes)),
             output_bytes=int(getattr(settings, "job_output_bytes", cls.output_bytes)),
             address_space=not cuda,
+            nice=int(getattr(settings, "job_nice", cls.nice)),
+            sched_idle=bool(getattr(settings, "job_sched_idle", cls.sched_idle)),
         )
 
 
 def address_space_bytes(limits: Limits) -> int:
     return max(limits.memory_bytes + ADDRESS_SPACE_HEADROOM_BYTES, MIN_ADDRESS_SPACE_BYTES)
+
+
+def priority_prefix(limits: Limits) -> list[str]:
+    """`chrt --idle 0` when asked, then `nice -n N` (unless 0): the child yields the CPU."""
+    args: list[str] = []
+    if limits.sched_idle:
+        args += [shutil.which("chrt") or "/usr/bin/chrt", "--idle", "0"]
+    if limits.nice > 0:
+        args += [shutil.which("nice") or "/usr/bin/nice", "-n", str(limits.nice)]
+    return args
 
 
 def prlimit_prefix(limits: Limits) -> list[str]:

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten
 from inspector.context import Inputs
 from inspector.errors import InputMismatchError, UserCodeError, UserError
 from inspector.loaders.usercode import user_code_error
-from inspector.tracebacks import _is_user_file, user_location
+from inspector.tracebacks import is_user_file, user_location
 
 __all__ = ["check_inputs_fit", "describe_tensors", "expectation"]
 
@@ -129,7 +129,7 @@ def _is_mismatch(exc: BaseException, user_files: list[str]) -> bool:
     failing: the innermost frame is library code, or a torch op called on a user line."""
     frames = traceback.extract_tb(exc.__traceback__)
     innermost = frames[-1] if frames else None
-    if innermost is None or not _is_user_file(innermost.filename, user_files):
+    if innermost is None or not is_user_file(innermost.filename, user_files):
         return isinstance(exc, _MISMATCH_TYPES)
     if (innermost.line or "").lstrip().startswith(("raise", "assert")):
         return False  # the user's own check

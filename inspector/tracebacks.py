@@ -10,10 +10,16 @@ from collections.abc import Iterable
 
 from torch import nn
 
-__all__ = ["user_frames", "user_location", "format_user_traceback"]
+__all__ = [
+    "user_frames",
+    "user_location",
+    "format_user_traceback",
+    "is_user_file",
+    "runs_user_code",
+]
 
 
-def _is_user_file(filename: str, user_files: Iterable[str]) -> bool:
+def is_user_file(filename: str, user_files: Iterable[str]) -> bool:
     filename = os.path.realpath(filename)
     for user in user_files:
         user = os.path.realpath(user)
@@ -32,7 +38,7 @@ def runs_user_code(model: nn.Module, user_files: Iterable[str]) -> bool:
             source = inspect.getsourcefile(type(module))
         except TypeError:  # a class defined in C or at the prompt
             continue
-        if source and _is_user_file(source, files):
+        if source and is_user_file(source, files):
             return True
     return False
 
@@ -47,7 +53,7 @@ def user_frames(exc: BaseException, user_files: Iterable[str]) -> list[traceback
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         for frame in traceback.extract_tb(current.__traceback__):
-            if _is_user_file(frame.filename, user_files):
+            if is_user_file(frame.filename, user_files):
                 frames.append(frame)
         current = current.__cause__ or current.__context__
     return frames

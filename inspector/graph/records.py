@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from inspector.report import TensorInfo
+from inspector.tracebacks import is_user_file
 
 __all__ = ["NodeRecord", "ModuleCall", "user_location_from_stack"]
 
@@ -58,9 +59,4 @@ def user_location_from_stack(stack: str | None, user_files: Iterable[str]) -> st
 
 @lru_cache(maxsize=4096)
 def _is_user(path: str, roots: tuple[str, ...]) -> bool:
-    real = os.path.realpath(path)
-    for root in roots:
-        root = os.path.realpath(root)
-        if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
-            return True
-    return False
+    return is_user_file(path, roots)  # cached: every node's stack repeats the same files

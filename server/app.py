@@ -41,6 +41,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     if importlib.util.find_spec("server.pages") is not None:  # the front end's HTML pages
         from server.pages import router as pages_router
+        from server.reportpage import router as report_page_router
 
         app.include_router(pages_router)
+        app.include_router(report_page_router)
     return app

@@ -1,4 +1,5 @@
-"""HTML pages: upload, the report list, one report, two reports compared.
+"""HTML pages: upload, the report list, two reports compared, and the helpers the report
+page (server/reportpage.py) shares with them.
 
 Server-rendered Jinja (autoescape on) plus small scripts in `static/js/`. Report data
 reaches the scripts as `<script type="application/json">` filled with `|tojson`.
@@ -8,16 +9,12 @@ The web process never imports torch: only `inspector.report`, `inspector.units` 
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from fastapi import APIRouter, Request, Response
-from fastapi.concurrency import run_in_threadpool
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
@@ -30,11 +27,9 @@ from inspector.presets_data import PRESETS, preset_names
 from inspector.report import Report
 from inspector.units import ACCELERATOR_BUDGETS, format_bytes, format_count
 from server.api.errors import ApiError
-from server.api.queries import is_done
-from server.auth import identify, known_identity
-from server.db import SessionDep, release
+from server.auth import identify
+from server.db import SessionDep
 from server.models import Job, Tag
-from server.readcache import Cached, ReadCache, cached_response
 
 __all__ = ["router", "templates", "summary_cards", "compare_view"]
 
@@ -44,8 +39,6 @@ PER_PAGE = 25
 RUNNING = ("queued", "running")
 STATUSES = ("queued", "running", "done", "failed", "timed_out", "out_of_memory", "killed")
 SEVERITIES = ("error", "warning", "info")
-PICKER_TTL_S = 5.0  # a newly done report shows up in other pages' "compare with" by then
-CHOICES_AT = b'<datalist id="compare-options">'  # report.html: where the choices go
 
 # What a user can do about each kind of failure.
 ERROR_ADVICE = {
@@ -86,14 +79,14 @@ def _make_env() -> Environment:
 templates = Jinja2Templates(env=_make_env())
 
 
-def _render(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+def render(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
     settings = getattr(request.app.state, "settings", None)
     unconfined = bool(settings and getattr(settings, "sandbox", "") == "none")
     context.update(unconfined=unconfined, statuses=STATUSES)
     return templates.TemplateResponse(request, name, context, status_code=status_code)
 
 
-def _may_list(request: Request, session: Session) -> bool:
+def may_list(request: Request, session: Session) -> bool:
     """With authentication on, only an identified caller (a token, or the sign-in proxy's
     header) sees the list of reports: it would reveal every unguessable link."""
     settings = request.app.state.settings
@@ -106,8 +99,8 @@ def _may_list(request: Request, session: Session) -> bool:
     return True
 
 
-def _not_found(request: Request, what: str) -> HTMLResponse:
-    return _render(request, "not_found.html", status_code=404, what=what)
+def not_found(request: Request, what: str) -> HTMLResponse:
+    return render(request, "not_found.html", status_code=404, what=what)
 
 
 # --- data access -------------------------------------------------------------------
@@ -120,7 +113,7 @@ def _listing() -> Select:
     )
 
 
-def _job(session: Session, slug: str) -> tuple[Job | None, str | None]:
+def job_and_text(session: Session, slug: str) -> tuple[Job | None, str | None]:
     """The job and its report as stored JSON text: the page hands that text to its
     scripts as is, rather than parsing and re-serializing megabytes."""
     query = (
@@ -137,19 +130,6 @@ def _recent(session: Session, *, limit: int = 8, status: str | None = None) -> l
     if status:
         query = query.where(Job.status == status)
     return list(session.scalars(query))
-
-
-class Choice(NamedTuple):
-    """A report the "compare with" picker offers."""
-
-    slug: str
-    name: str
-    created_at: dt.datetime | None
-
-
-def _recent_done(session: Session, *, limit: int) -> list[Choice]:
-    query = select(Job.slug, Job.name, Job.created_at).where(Job.status == "done")
-    return [Choice(*r) for r in session.execute(query.order_by(Job.id.desc()).limit(limit))]
 
 
 def _search(session: Session, *, q: str, status: str, page: int) -> tuple[list[Job], int]:
@@ -174,7 +154,7 @@ def _search(session: Session, *, q: str, status: str, page: int) -> tuple[list[J
     return list(rows), total
 
 
-def _parse_report(text: str | None, *, modules: bool = False) -> tuple[Report | None, dict]:
+def parse_report(text: str | None, *, modules: bool = False) -> tuple[Report | None, dict]:
     """The report without its long lists (nodes, the timeline, and unless asked, modules),
     and the raw dict. The templates show figures; the scripts read the lists from the raw
     JSON. Validating 5,000 nodes would cost the page most of a second."""
@@ -261,7 +241,7 @@ def numeric_issues(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _error_of(job: Job, report: Report | None) -> dict[str, Any]:
+def error_of(job: Job, report: Report | None) -> dict[str, Any]:
     error = dict(job.error_json or {})
     if not error and report is not None and report.error is not None:
         error = report.error.model_dump()
@@ -272,7 +252,16 @@ def _error_of(job: Job, report: Report | None) -> dict[str, Any]:
     return error
 
 
-def _report_context(report: Report, raw: dict[str, Any]) -> dict[str, Any]:
+def unreadable(job: Job) -> dict[str, Any]:
+    return {
+        "kind": "internal",
+        "message": "This report's data is missing or unreadable by this version.",
+        "stage": None,
+        "advice": ERROR_ADVICE["internal"],
+    }
+
+
+def report_context(report: Report, raw: dict[str, Any]) -> dict[str, Any]:
     nodes = raw.get("nodes") or []
     return {
         "report": report,
@@ -293,8 +282,8 @@ def _report_context(report: Report, raw: dict[str, Any]) -> dict[str, Any]:
 def upload_page(request: Request, session: SessionDep) -> HTMLResponse:
     """Upload a model; the latest reports below."""
     presets = [PRESETS[name] for name in preset_names()]
-    recent = _recent(session) if _may_list(request, session) else []
-    return _render(request, "upload.html", recent=recent, presets=presets)
+    recent = _recent(session) if may_list(request, session) else []
+    return render(request, "upload.html", recent=recent, presets=presets)
 
 
 @router.get("/reports", response_class=HTMLResponse, include_in_schema=False)
@@ -302,143 +291,34 @@ def reports_page(
     request: Request, session: SessionDep, q: str = "", status: str = "", page: int = 1
 ) -> HTMLResponse:
     """All reports, newest first, searchable by name, tag and status."""
-    if not _may_list(request, session):
-        return _render(request, "sign_in.html", status_code=401)
+    if not may_list(request, session):
+        return render(request, "sign_in.html", status_code=401)
     q, page = q.strip()[:200], max(page, 1)
     status = status if status in STATUSES else ""
     jobs, total = _search(session, q=q, status=status, page=page)
     pages = max(1, math.ceil(total / PER_PAGE))
-    return _render(
+    return render(
         request, "reports.html", jobs=jobs, total=total, q=q, status=status, page=page,
         pages=pages,
     )  # fmt: skip
 
 
-@router.get("/r/{slug}", response_class=HTMLResponse, include_in_schema=False)
-async def report_page(request: Request, slug: str, session: SessionDep) -> Response:
-    """One report: live progress, the failure, or the whole analysis."""
-    # A kept page is sent from the event loop when choosing it needs no database read;
-    # anything else is read in a worker thread, as in a sync endpoint.
-    found = _kept_page_now(request, slug)
-    if found is None:
-        found = await run_in_threadpool(_report_page, request, session, slug)
-    return cached_response(request, found) if isinstance(found, Cached) else found
-
-
-def _kept_page_now(request: Request, slug: str) -> Cached | None:
-    """The kept page for this caller if neither its listing rights (a token to look up)
-    nor the "compare with" choices (read every PICKER_TTL_S) need the database."""
-    cache: ReadCache = request.app.state.read_cache
-    try:
-        known = known_identity(request, request.app.state.settings)
-    except ApiError:  # no identity: not a lister
-        return cache.peek(("page", slug, "reader"))
-    recent = cache.peek_memo("recent_done", PICKER_TTL_S)
-    if known is None or recent is None:
-        return None
-    others = [other for other in recent if other.slug != slug]
-    return cache.peek(("page", slug, "lister"), tag=_choices_tag(others))
-
-
-def _report_page(request: Request, session: Session, slug: str) -> Cached | Response:
-    others = _compare_choices(request, session, slug)
-    found = _kept_page(
-        request, session, slug, "reader", lambda: _build_report_page(request, session, slug)
-    )
-    if others is not None and isinstance(found, Cached):  # the same page, with choices
-        page, tag = found, _choices_tag(others)
-        found = _kept_page(
-            request, session, slug, "lister", lambda: _with_choices(request, page, others, tag),
-            tag=tag,
-        )  # fmt: skip
-    release(session)
-    return found
-
-
-def _choices_tag(others: list[Choice]) -> str:
-    return hashlib.sha256(repr(others).encode()).hexdigest()
-
-
-def _kept_page(
-    request: Request,
-    session: Session,
-    slug: str,
-    variant: str,
-    build: Callable[[], Cached | Response],
-    tag: str = "",
-) -> Cached | Response:
-    """The kept page `variant` of report `slug`, else what `build()` returns."""
-    cache: ReadCache = request.app.state.read_cache
-    return cache.fetch(
-        ("page", slug, variant), build, still_done=lambda: is_done(session, slug=slug), tag=tag
-    )
-
-
-def _build_report_page(request: Request, session: Session, slug: str) -> Cached | HTMLResponse:
-    """The page as a reader without listing rights sees it: no "compare with" choices."""
-    job, text = _job(session, slug)
-    if job is None:
-        return _not_found(request, "report")
-    if job.status in RUNNING:
-        return _render(request, "progress.html", job=job)
-    report, raw = _parse_report(text)
-    if job.status != "done":
-        return _render(request, "failed.html", job=job, error=_error_of(job, report))
-    if report is None:
-        return _render(request, "failed.html", job=job, error=_unreadable(job))
-    release(session)  # rendering a big report needs no connection
-    context = _report_context(report, raw)
-    data = script_json(text or "{}")
-    page = _render(request, "report.html", job=job, others=[], report_json=data, **context)
-    return request.app.state.read_cache.entry(bytes(page.body), "text/html")
-
-
-def _with_choices(request: Request, page: Cached, others: list[Choice], tag: str) -> Cached:
-    """`page` with the "compare with" choices where `report.html` includes them: the same
-    bytes as rendering it all with `others`, without parsing and rendering the report again
-    each time a new report shows up."""
-    choices = templates.get_template("_compare_options.html").render(others=others)
-    at = page.body.index(CHOICES_AT) + len(CHOICES_AT)
-    body = page.body[:at] + choices.encode() + page.body[at:]
-    return request.app.state.read_cache.entry(body, "text/html", tag=tag)
-
-
-def _compare_choices(request: Request, session: Session, slug: str) -> list[Choice] | None:
-    """The "compare with" picker's reports (recent done ones), for listers only (None for
-    others). Read at most every PICKER_TTL_S per process, not on every page view."""
-    if not _may_list(request, session):
-        return None
-    recent = request.app.state.read_cache.memo(
-        "recent_done", PICKER_TTL_S, lambda: _recent_done(session, limit=30)
-    )
-    return [other for other in recent if other.slug != slug]
-
-
 def _ready(found: tuple[Job | None, str | None]) -> Report | None:
     job, text = found
-    return _parse_report(text, modules=True)[0] if job and job.status == "done" else None
-
-
-def _unreadable(job: Job) -> dict[str, Any]:
-    return {
-        "kind": "internal",
-        "message": "This report's data is missing or unreadable by this version.",
-        "stage": None,
-        "advice": ERROR_ADVICE["internal"],
-    }
+    return parse_report(text, modules=True)[0] if job and job.status == "done" else None
 
 
 @router.get("/compare/{pair}", response_class=HTMLResponse, include_in_schema=False)
 def compare_page(request: Request, pair: str, session: SessionDep) -> HTMLResponse:
     """Two reports side by side: `/compare/<a>..<b>`."""
     a_slug, sep, b_slug = pair.partition("..")
-    found = [_job(session, s) for s in (a_slug, b_slug)] if sep else [(None, None)] * 2
+    found = [job_and_text(session, s) for s in (a_slug, b_slug)] if sep else [(None, None)] * 2
     jobs = [job for job, _ in found]
     reports = [_ready(f) for f in found]
     if None in reports:
-        return _not_found(request, "pair of finished reports")
+        return not_found(request, "pair of finished reports")
     view = compare_view(reports[0], reports[1])
-    return _render(request, "compare.html", a=jobs[0], b=jobs[1], view=view)
+    return render(request, "compare.html", a=jobs[0], b=jobs[1], view=view)
 
 
 # --- compare ------------------------------------------------------------------------------

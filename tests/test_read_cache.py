@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from server.app import create_app
 from server.models import Job
-from server.pages import PICKER_TTL_S
 from server.readcache import ENTRY_OVERHEAD_BYTES, ReadCache, accepts_gzip
+from server.reportpage import PICKER_TTL_S
 from server.settings import Settings
 
 TTL_S = 30.0
@@ -255,21 +255,21 @@ def test_the_compare_picker_shows_new_reports_after_a_while(site):
 
 
 def test_a_listed_page_is_the_page_rendered_with_its_choices(tmp_path, monkeypatch):
-    import server.pages as pages
+    import server.reportpage as reportpage
 
     settings = make_settings(tmp_path / "data", auth="token", trusted_identity_header="X-User")
     site = make_site(settings)
     slug, _other = site.add(), site.add()
     spliced = site.client.get(f"/r/{slug}", headers=PLAIN | {"X-User": "ada"}).content
     choices = [c for c in site.cache._memos["recent_done"][0] if c.slug != slug]
-    render = pages._render
+    render = reportpage.render
 
     def rendered_with_choices(request, name, status_code=200, **context):  # noqa: ANN001, ANN202
         if name == "report.html":
             context["others"] = choices
         return render(request, name, status_code, **context)
 
-    monkeypatch.setattr(pages, "_render", rendered_with_choices)
+    monkeypatch.setattr(reportpage, "render", rendered_with_choices)
     whole = make_site(settings).client.get(f"/r/{slug}", headers=PLAIN)  # renders it all at once
     assert len(choices) == 1 and spliced == whole.content
 

@@ -1,0 +1,160 @@
+"""The report page, `/r/<slug>`: live progress, the failure, or the whole analysis, and
+the kept copies of done reports' pages (see server/readcache.py).
+
+A done report never changes, so its page is rendered once per process and kept (gzipped
+once). Readers without listing rights all get the same page; listers also get the "compare
+with" choices, spliced into the kept page instead of rendering the report again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from collections.abc import Callable
+from typing import NamedTuple
+
+from fastapi import APIRouter, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from server.api.errors import ApiError
+from server.api.queries import is_done
+from server.auth import known_identity
+from server.db import SessionDep, release
+from server.models import Job
+from server.pages import (
+    RUNNING,
+    error_of,
+    job_and_text,
+    may_list,
+    not_found,
+    parse_report,
+    render,
+    report_context,
+    script_json,
+    templates,
+    unreadable,
+)
+from server.readcache import Cached, ReadCache, cached_response
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+PICKER_TTL_S = 5.0  # a newly done report shows up in other pages' "compare with" by then
+CHOICES_AT = b'<datalist id="compare-options">'  # report.html: where the choices go
+
+
+class Choice(NamedTuple):
+    """A report the "compare with" picker offers."""
+
+    slug: str
+    name: str
+    created_at: dt.datetime | None
+
+
+def _recent_done(session: Session, *, limit: int) -> list[Choice]:
+    query = select(Job.slug, Job.name, Job.created_at).where(Job.status == "done")
+    return [Choice(*r) for r in session.execute(query.order_by(Job.id.desc()).limit(limit))]
+
+
+@router.get("/r/{slug}", response_class=HTMLResponse, include_in_schema=False)
+async def report_page(request: Request, slug: str, session: SessionDep) -> Response:
+    """One report: live progress, the failure, or the whole analysis."""
+    # A kept page is sent from the event loop when choosing it needs no database read;
+    # anything else is read in a worker thread, as in a sync endpoint.
+    found = _kept_page_now(request, slug)
+    if found is None:
+        found = await run_in_threadpool(_report_page, request, session, slug)
+    return cached_response(request, found) if isinstance(found, Cached) else found
+
+
+def _kept_page_now(request: Request, slug: str) -> Cached | None:
+    """The kept page for this caller if neither its listing rights (a token to look up)
+    nor the "compare with" choices (read every PICKER_TTL_S) need the database."""
+    cache: ReadCache = request.app.state.read_cache
+    try:
+        known = known_identity(request, request.app.state.settings)
+    except ApiError:  # no identity: not a lister
+        return cache.peek(("page", slug, "reader"))
+    recent = cache.peek_memo("recent_done", PICKER_TTL_S)
+    if known is None or recent is None:
+        return None
+    others = [other for other in recent if other.slug != slug]
+    return cache.peek(("page", slug, "lister"), tag=_choices_tag(others))
+
+
+def _report_page(request: Request, session: Session, slug: str) -> Cached | Response:
+    others = _compare_choices(request, session, slug)
+    found = _kept_page(
+        request, session, slug, "reader", lambda: _build_report_page(request, session, slug)
+    )
+    if others is not None and isinstance(found, Cached):  # the same page, with choices
+        page, tag = found, _choices_tag(others)
+        found = _kept_page(
+            request, session, slug, "lister", lambda: _with_choices(request, page, others, tag),
+            tag=tag,
+        )  # fmt: skip
+    release(session)
+    return found
+
+
+def _choices_tag(others: list[Choice]) -> str:
+    return hashlib.sha256(repr(others).encode()).hexdigest()
+
+
+def _kept_page(
+    request: Request,
+    session: Session,
+    slug: str,
+    variant: str,
+    build: Callable[[], Cached | Response],
+    tag: str = "",
+) -> Cached | Response:
+    """The kept page `variant` of report `slug`, else what `build()` returns."""
+    cache: ReadCache = request.app.state.read_cache
+    return cache.fetch(
+        ("page", slug, variant), build, still_done=lambda: is_done(session, slug=slug), tag=tag
+    )
+
+
+def _build_report_page(request: Request, session: Session, slug: str) -> Cached | HTMLResponse:
+    """The page as a reader without listing rights sees it: no "compare with" choices."""
+    job, text = job_and_text(session, slug)
+    if job is None:
+        return not_found(request, "report")
+    if job.status in RUNNING:
+        return render(request, "progress.html", job=job)
+    report, raw = parse_report(text)
+    if job.status != "done":
+        return render(request, "failed.html", job=job, error=error_of(job, report))
+    if report is None:
+        return render(request, "failed.html", job=job, error=unreadable(job))
+    release(session)  # rendering a big report needs no connection
+    context = report_context(report, raw)
+    data = script_json(text or "{}")
+    page = render(request, "report.html", job=job, others=[], report_json=data, **context)
+    return request.app.state.read_cache.entry(bytes(page.body), "text/html")
+
+
+def _with_choices(request: Request, page: Cached, others: list[Choice], tag: str) -> Cached:
+    """`page` with the "compare with" choices where `report.html` includes them: the same
+    bytes as rendering it all with `others`, without parsing and rendering the report again
+    each time a new report shows up."""
+    choices = templates.get_template("_compare_options.html").render(others=others)
+    at = page.body.index(CHOICES_AT) + len(CHOICES_AT)
+    body = page.body[:at] + choices.encode() + page.body[at:]
+    return request.app.state.read_cache.entry(body, "text/html", tag=tag)
+
+
+def _compare_choices(request: Request, session: Session, slug: str) -> list[Choice] | None:
+    """The "compare with" picker's reports (recent done ones), for listers only (None for
+    others). Read at most every PICKER_TTL_S per process, not on every page view."""
+    if not may_list(request, session):
+        return None
+    recent = request.app.state.read_cache.memo(
+        "recent_done", PICKER_TTL_S, lambda: _recent_done(session, limit=30)
+    )
+    return [other for other in recent if other.slug != slug]

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from typing import Any
 
 from inspector.context import CaptureResult, Context
 from inspector.graph.exportcapture import WRAPPED, export_graph, flat_tensors, moving_axes
-from inspector.graph.fxcapture import trace_fx
+from inspector.graph.fxcapture import FxCapture, trace_fx
+from inspector.graph.guidedfx import GuidedCapture, trace_guided
 from inspector.graph.hooks import record_hooks
 from inspector.graph.lenient import fake_context
 from inspector.graph.runner import perturb_fake_mode, preserved_state
@@ -79,9 +80,26 @@ def _message(exc: BaseException) -> str:
 
 
 def _fx(ctx: Context) -> tuple[CaptureResult, Any]:
-    cap = trace_fx(ctx.model, ctx.inputs.args, ctx.inputs.kwargs)
+    plain: Exception | None = None
+    try:
+        cap: FxCapture | GuidedCapture = trace_fx(ctx.model, ctx.inputs.args, ctx.inputs.kwargs)
+    except Exception as exc:
+        plain = exc
+    if plain is not None:
+        cap = _guided(ctx, plain)
     result = CaptureResult(method="fx", attempts=[], graph_module=cap.graph_module)
     ctx.scratch["graph.fx_leaves"] = cap.leaves
+    files = ctx.loaded.user_files
+    if isinstance(cap, GuidedCapture) and plain is not None:
+        ctx.scratch["graph.decisions"] = cap.decisions
+        taken = sum(d.why != "rank" for d in cap.decisions)
+        text = (
+            f"torch.fx.symbolic_trace failed ({type(plain).__name__}: {_message(plain)}); "
+            f"traced again with meta values deciding the model's {taken} Python branches "
+            "on traced values, as the example inputs take them (each is checked again "
+            "with every named dim changed)"
+        )
+        return result, (text, plain, user_location(plain, files))
     if not cap.leaves or cap.first_error is None:
         return result, None
     names = ", ".join(repr(p) for p in cap.leaves)
@@ -89,7 +107,19 @@ def _fx(ctx: Context) -> tuple[CaptureResult, Any]:
         f"traced with {names} kept whole (one node each): fx cannot trace through it: "
         f"{type(cap.first_error).__name__}: {_message(cap.first_error)}"
     )
-    return result, (text, cap.first_error, user_location(cap.first_error, ctx.loaded.user_files))
+    return result, (text, cap.first_error, user_location(cap.first_error, files))
+
+
+def _guided(ctx: Context, plain: Exception) -> GuidedCapture:
+    """fx guided by meta values (see guidedfx); raises `plain`, the error users can act
+    on, when that fails too."""
+    cap = None
+    with suppress(Exception):
+        inputs = ctx.inputs
+        cap = trace_guided(ctx.model, inputs.args, inputs.kwargs, stack_traces=_stacks(ctx))
+    if cap is None:  # raised outside a handler: the guided error is not its context
+        raise plain
+    return cap
 
 
 def _export(ctx: Context) -> tuple[CaptureResult, Any]:

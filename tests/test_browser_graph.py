@@ -117,6 +117,8 @@ def click_item(
         return el.data('kind') === 'group' ? {{ x: p.x, y: top }} : p; }}""",
         element_id,
     )
+    # cytoscape hit-tests what it has drawn: let it draw the centred view before clicking
+    page.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
     box = page.locator(f"#{root} [data-role='canvas']").bounding_box()
     x, y = box["x"] + pos["x"], box["y"] + pos["y"]
     page.mouse.dblclick(x, y) if double else page.mouse.click(x, y)

@@ -80,6 +80,7 @@ def small_slug(server):
 def test_sort_and_filter_the_node_table(page, server, small_slug):
     open_report(page, server, small_slug)
     page.click("#view-nodes")
+    page.wait_for_function("document.querySelectorAll('#table-nodes .tabulator-row').length == 5")
     assert column(page, "name") == ["x", "fc1", "relu", "fc2", "output"]
     header = page.locator("#table-nodes .tabulator-col[tabulator-field='flops']")
     header.click()  # ascending: the three 0-FLOP nodes, then fc2 (2048), then fc1 (8192)

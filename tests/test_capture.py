@@ -46,11 +46,11 @@ def test_data_dependent_fx_fails_at_the_if_line_and_hooks_succeed(fake: bool) ->
     assert report.module("b").flops_forward == 2 * 4 * 8 * 4  # 2 * B * in * out
 
 
-def test_gpt2_fx_fails_export_succeeds() -> None:
+def test_gpt2_plain_fx_fails_and_guided_fx_succeeds() -> None:
     report = run_model("gpt2", B=2, S=8)
-    fx, export = report.capture.attempts
-    assert not fx.ok and "co_varnames" in fx.error
-    assert export.ok and report.capture.method == "export"
+    (fx,) = report.capture.attempts  # see test_guided_fx: checked against export there
+    assert fx.ok and report.capture.method == "fx"
+    assert "co_varnames" in fx.error  # why plain symbolic_trace failed, kept as a note
     assert report.capture.node_count > 50
     # logits [B, S, vocab]
     assert report.module("").output_shapes[0] == ["B", "S", 100]

@@ -12,6 +12,7 @@ from graph_helpers import MODELS, inspect_ctx, make_ctx
 from test_graph import DIMS
 from torch import nn
 
+from inspector import capture
 from inspector.passes import graph as graph_pass
 from inspector.report import Report
 
@@ -139,14 +140,21 @@ def test_stacks_are_recorded_only_where_a_user_line_can_be_named() -> None:
     files = [models.__file__]
     assert runs_user_code(models.ResNet18(), files)
     assert not runs_user_code(models.make_gpt2(n_layer=1, n_embd=32, n_head=2)[0], files)
-    # an export capture of a user's model keeps its lines on the nodes
+    # a guided fx capture of a user's model keeps its lines on the nodes
     ctx = make_ctx(ShapeBranch, lambda B: ((torch.randn(B, 8),), {}), {"B": 2},
                    user_files=(__file__,))  # fmt: skip
     report = inspect_ctx(ctx)
-    assert report.capture.method == "export" and ctx.scratch["graph.stack_traces"]
-    assert report.capture.attempts[0].method == "fx" and not report.capture.attempts[0].ok
-    lines = {n.location for n in report.nodes if n.op == "call_function"}
+    assert report.capture.method == "fx" and ctx.scratch["graph.stack_traces"]
+    assert "symbolic_trace failed" in report.capture.attempts[0].error
+    lines = {n.location for n in report.nodes if n.op == "call_function" and n.output_tensors}
     assert lines == {f"test_meta_run.py:{ShapeBranch.LINE}"}  # matmul, t, relu
+    # and so does an export capture of it
+    ctx = make_ctx(ShapeBranch, lambda B: ((torch.randn(B, 8),), {}), {"B": 2},
+                   user_files=(__file__,))  # fmt: skip
+    ctx.capture, _ = capture._export(ctx)
+    graph_pass.run(ctx)
+    lines = {n.location for n in ctx.report.nodes if n.op == "call_function" and n.output_tensors}
+    assert lines == {f"test_meta_run.py:{ShapeBranch.LINE}"}
 
 
 class ShapeBranch(nn.Module):

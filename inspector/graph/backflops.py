@@ -19,7 +19,10 @@ from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sh
 
 from inspector.graph.flops import EXTRA_FORMULAS
 
-__all__ = ["TrainingFlopCounter", "attention_backward", "backward_flops", "is_attention"]
+__all__ = [
+    "TrainingFlopCounter", "attention_backward", "backward_flops", "fused_layout",
+    "is_attention",
+]  # fmt: skip
 
 _aten = torch.ops.aten
 
@@ -124,6 +127,16 @@ def attention_backward(device: torch.device, out: Any, args: tuple, kwargs: dict
     if not isinstance(out, torch.Tensor) or not _fused_kernel(device, bound):
         return None
     return sdpa_backward(out, q, k, v)
+
+
+def fused_layout(out: torch.Tensor) -> torch.Tensor:
+    """A meta attention output [B, H, S, D] strided as the fused kernels (flash, memory
+    efficient, CPU flash) lay theirs out: [B, S, H, D] in memory, so the usual
+    `.transpose(1, 2).contiguous()` after it copies nothing there either."""
+    if out.dim() != 4:
+        return out
+    b, h, s, d = out.shape
+    return out.as_strided(out.shape, (s * h * d, d, h * d, 1))
 
 
 def _fused_kernel(device: torch.device, bound: dict) -> bool:

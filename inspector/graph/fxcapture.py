@@ -7,14 +7,21 @@ a leaf, so the rest of the graph is kept; only a failure in the root's own code 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import fx, nn
+from torch.utils._pytree import tree_flatten
 
-__all__ = ["FxCapture", "trace_fx", "fx_placeholder_values"]
+__all__ = [
+    "FLAT_INPUTS", "FxCapture", "FxTracer", "fx_placeholder_values", "trace_fx",
+    "trace_with_leaves",
+]  # fmt: skip
 
 _MAX_RETRIES = 16
+FLAT_INPUTS = "inspector_flat_inputs"  # gm.meta key: placeholders are the flat input tensors
 
 
 @dataclass
@@ -24,10 +31,10 @@ class FxCapture:
     first_error: BaseException | None = None  # why the first leaf was needed
 
 
-class _Tracer(fx.Tracer):
-    def __init__(self, leaves: set[str]) -> None:
+class FxTracer(fx.Tracer):
+    def __init__(self, leaves: set[str], stack_traces: bool = True) -> None:
         super().__init__()
-        self.record_stack_traces = True  # node.stack_trace: the user's line per node
+        self.record_stack_traces = stack_traces  # node.stack_trace: the user's line per node
         self.extra_leaves = leaves
         self.failed_at: str | None = None
 
@@ -60,25 +67,43 @@ def _concrete_args(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any
 def trace_fx(model: nn.Module, args: tuple, kwargs: dict) -> FxCapture:
     """Trace `model`; raises the first error when the root itself cannot be traced."""
     concrete = _concrete_args(model, args, kwargs)
+    graph, tracer, leaves, first = trace_with_leaves(FxTracer, model, concrete or None)
+    gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    return FxCapture(gm, sorted(leaves), first)
+
+
+def trace_with_leaves(
+    make_tracer: Callable[[set[str]], FxTracer],
+    root: nn.Module,
+    concrete: dict[str, Any] | None,
+    roots: frozenset[str] = frozenset(),
+    retry: Callable[[BaseException], bool] = lambda exc: True,
+) -> tuple[fx.Graph, FxTracer, set[str], BaseException | None]:
+    """(graph, tracer, leaves, first error): trace `root`, keeping whole each submodule
+    that fails (not those in `roots`, nor for errors `retry` refuses); raises the first
+    error when the root itself fails."""
     leaves: set[str] = set()
     first: BaseException | None = None
     for _ in range(_MAX_RETRIES):
-        tracer = _Tracer(leaves)
+        tracer = make_tracer(leaves)
         try:
-            graph = tracer.trace(model, concrete_args=concrete or None)
+            graph = tracer.trace(root, concrete_args=concrete)
         except Exception as exc:
             first = first or exc
-            if not tracer.failed_at or tracer.failed_at in leaves:
+            at = tracer.failed_at
+            if not at or at in leaves or at in roots or not retry(exc):
                 raise first from None
-            leaves.add(tracer.failed_at)
+            leaves.add(at)
             continue
-        gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
-        return FxCapture(gm, sorted(leaves), first)
+        return graph, tracer, leaves, first
     raise first  # type: ignore[misc]
 
 
 def fx_placeholder_values(gm: fx.GraphModule, model: nn.Module, args: tuple, kwargs: dict):
     """The value of each placeholder of `gm`, in order, for `model(*args, **kwargs)`."""
+    if gm.meta.get(FLAT_INPUTS):
+        leaves, _ = tree_flatten((args, kwargs))
+        return [v for v in leaves if isinstance(v, torch.Tensor)]
     sig = inspect.signature(model.forward)
     bound = sig.bind_partial(*args, **kwargs)
     bound.apply_defaults()

@@ -15,8 +15,14 @@ from torch import fx, nn
 from torch.fx.node import _get_qualified_name
 from torch.utils.flop_counter import FlopCounterMode
 
-from inspector.graph.backflops import TrainingFlopCounter, attention_backward, is_attention
+from inspector.graph.backflops import (
+    TrainingFlopCounter,
+    attention_backward,
+    fused_layout,
+    is_attention,
+)
 from inspector.graph.flops import flop_counter_mode
+from inspector.graph.metarun import on_meta_device
 from inspector.graph.records import NodeRecord, user_location_from_stack
 from inspector.graph.tensors import nbytes, tensor_info, tensor_leaves
 
@@ -41,8 +47,10 @@ class _Recorder(fx.Interpreter):
         user_files: list[str],
         strip: str | None,
         meta_for: torch.device | None = None,
+        watch: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(gm, garbage_collect_values=True)
+        self.watch = watch  # node name -> its value in this run, for the names it holds
         self.extra_traceback = False  # errors keep their message; we name the node ourselves
         self.counter = counter
         self.meta_for = meta_for  # a meta run standing for this device
@@ -61,8 +69,9 @@ class _Recorder(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         with self._set_current_node(n):
             args, kwargs = self.fetch_args_kwargs_from_env(n)
-            if self.meta_for is not None and _on_device(kwargs.get("device"), self.meta_for):
-                kwargs = {**kwargs, "device": torch.device("meta")}  # export bakes it in
+            if self.meta_for is not None:  # graphs bake the device in: arange(device=cpu)
+                method = n.target if n.op == "call_method" else None
+                args, kwargs = on_meta_device(method, args, kwargs, self.meta_for)
             before = self._flops()
             try:
                 out = getattr(self, n.op)(n.target, args, kwargs)
@@ -79,8 +88,11 @@ class _Recorder(fx.Interpreter):
             backward = bwd - bwd0
             if self.meta_for is not None and n.op == "call_function" and is_attention(n.target):
                 fused = attention_backward(self.meta_for, out, args, kwargs)
-                backward = backward if fused is None else fused
+                if fused is not None:  # meta ran the math path: take the kernel's layout
+                    backward, out = fused, fused_layout(out)
             self._record(n, args, kwargs, out, fwd - fwd0, backward)
+            if self.watch is not None and n.name in self.watch:
+                self.watch[n.name] = out
             return out
 
     def _record(
@@ -122,13 +134,6 @@ class _Recorder(fx.Interpreter):
         return sum(t.numel() for t in unique.values())
 
 
-def _on_device(value: Any, device: torch.device) -> bool:
-    if not isinstance(value, str | torch.device):
-        return False
-    value = torch.device(value)
-    return value.type == device.type and value.index in (None, device.index)
-
-
 def _calls(n: fx.Node, strip: str | None) -> list[tuple[str, str]]:
     """(call key, module path) of the modules this node runs in, outer first; root left out."""
     stack = n.meta.get("nn_module_stack") or {}
@@ -152,19 +157,21 @@ def record_graph(
     strip: str | None = None,
     training: bool = False,
     meta_for: torch.device | None = None,
+    watch: dict[str, Any] | None = None,
 ) -> list[NodeRecord]:
     """Run `gm` on its placeholder values `flat_inputs`; one record per node.
 
     `training`: run with grad enabled and count each node's backward FLOPs from the
     forward ops (`TrainingFlopCounter`; only for fake or meta tensors, which keep no
     activations); `flops_backward` is None on every record when an op had no backward
-    rule. `meta_for`: the inputs are meta tensors standing for that device."""
+    rule. `meta_for`: the inputs are meta tensors standing for that device. `watch`: the
+    values of the nodes it names are put in it."""
     counter: FlopCounterMode | TrainingFlopCounter | None = None
     if training:
         counter = TrainingFlopCounter()
     elif count_flops:
         counter = flop_counter_mode()
-    recorder = _Recorder(gm, counter, list(user_files or []), strip, meta_for)
+    recorder = _Recorder(gm, counter, list(user_files or []), strip, meta_for, watch)
     grad = torch.enable_grad() if training else torch.no_grad()
     with grad, counter if counter is not None else nullcontext():
         recorder.run(*flat_inputs)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-__all__ = ["run_on_meta", "to_meta", "single_device"]
+__all__ = ["meta_like", "on_meta_device", "run_on_meta", "single_device", "to_meta"]
 
 
 def single_device(module: nn.Module, values: Any) -> torch.device | None:
@@ -29,7 +29,32 @@ def single_device(module: nn.Module, values: Any) -> torch.device | None:
     return next(iter(devices), torch.device("cpu"))
 
 
-def _meta_like(t: torch.Tensor) -> torch.Tensor:
+def on_meta_device(
+    method: str | None, args: Any, kwargs: dict, device: torch.device
+) -> tuple[Any, dict]:
+    """The arguments of a call with `device` (a torch.device anywhere, a string as the
+    `device=` keyword or the target of `.to(...)`) replaced by meta: graphs and traces
+    bake the model's device in (`arange(n, device=cpu)`, `x.to(cpu)`)."""
+
+    def swap(v: Any, name_ok: bool) -> Any:
+        if isinstance(v, torch.device) or (name_ok and isinstance(v, str)):
+            return torch.device("meta") if _same_device(v, device) else v
+        return v
+
+    args = tuple(swap(a, method == "to" and i == 1) for i, a in enumerate(args))
+    kwargs = {k: swap(v, k == "device") for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def _same_device(value: torch.device | str, device: torch.device) -> bool:
+    try:
+        d = torch.device(value)
+    except (RuntimeError, TypeError):
+        return False
+    return d.type == device.type and d.index in (None, device.index)
+
+
+def meta_like(t: torch.Tensor) -> torch.Tensor:
     meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
     if isinstance(t, nn.Parameter):
         return nn.Parameter(meta, requires_grad=t.requires_grad)
@@ -38,7 +63,7 @@ def _meta_like(t: torch.Tensor) -> torch.Tensor:
 
 def to_meta(values: Any) -> Any:
     """The same structure with every tensor replaced by a meta tensor like it."""
-    return tree_map_only(torch.Tensor, _meta_like, values)
+    return tree_map_only(torch.Tensor, meta_like, values)
 
 
 def _state(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -75,6 +100,6 @@ def run_on_meta(module: nn.Module, fn: Callable[[], Any]) -> Any:
     state = {}
     for name, t in _state(module).items():
         if id(t) not in copies:
-            copies[id(t)] = _meta_like(t)
+            copies[id(t)] = meta_like(t)
         state["target." + name] = copies[id(t)]
     return torch.func.functional_call(_Call(module, fn), state, (), strict=False)

@@ -28,16 +28,23 @@ __all__ = ["record_run", "record_meta", "perturb_fake_mode", "preserved_state"]
 
 
 def record_run(
-    ctx: Context, inputs: Inputs, fake_mode: Any, *, main: bool = True, count_flops: bool = True
+    ctx: Context,
+    inputs: Inputs,
+    fake_mode: Any,
+    *,
+    main: bool = True,
+    count_flops: bool = True,
+    watch: dict[str, Any] | None = None,
 ) -> list[NodeRecord]:
-    """Records of one run of `ctx.capture` on `inputs` (under `fake_mode` when not None)."""
+    """Records of one run of `ctx.capture` on `inputs` (under `fake_mode` when not None);
+    `watch`: see record_graph (graph captures only)."""
     method = ctx.capture.method if ctx.capture else None
     model, files = ctx.model, ctx.loaded.user_files
     if method == "fx":
         gm = ctx.capture.graph_module
         values = fx_placeholder_values(gm, model, inputs.args, inputs.kwargs)
         with fake_context(fake_mode):
-            return record_graph(gm, values, count_flops=count_flops, user_files=files)
+            return record_graph(gm, values, count_flops=count_flops, user_files=files, watch=watch)
     if method == "export":
         gm = ctx.capture.graph_module
         if not main and ctx.scratch.get("graph.reexport", True):
@@ -49,7 +56,9 @@ def record_run(
         strip = ctx.scratch.get("graph.strip", WRAPPED)
         flat = flat_tensors(inputs.args, inputs.kwargs)
         with fake_context(fake_mode):
-            return record_graph(gm, flat, count_flops=count_flops, user_files=files, strip=strip)
+            return record_graph(
+                gm, flat, count_flops=count_flops, user_files=files, strip=strip, watch=watch
+            )
     if method == "hooks":
         with fake_context(fake_mode):
             return record_hooks(
@@ -59,7 +68,12 @@ def record_run(
 
 
 def record_meta(
-    ctx: Context, inputs: Inputs, *, main: bool = True, training: bool = False
+    ctx: Context,
+    inputs: Inputs,
+    *,
+    main: bool = True,
+    training: bool = False,
+    watch: dict[str, Any] | None = None,
 ) -> list[NodeRecord]:
     """`record_run` on meta copies of the inputs and of the graph's tensors (see
     `metarun`): no arithmetic, nothing allocated. Raises where meta cannot stand in: the
@@ -83,7 +97,7 @@ def record_meta(
         gm,
         lambda: record_graph(
             gm, meta_values, count_flops=main, user_files=files, strip=strip,
-            training=training, meta_for=device,
+            training=training, meta_for=device, watch=watch,
         ),
     )  # fmt: skip
 

@@ -13,16 +13,17 @@ __all__ = ["tensor_leaves", "tensor_info", "nbytes"]
 _MAX_DEPTH = 8
 
 
-def tensor_leaves(obj: Any) -> list[torch.Tensor]:
+def tensor_leaves(obj: Any, also: type | None = None) -> list[torch.Tensor]:
     """Every tensor in `obj`, depth first: tuples, lists, dicts, and plain objects such as
-    Hugging Face's ModelOutput or caches (which pytree does not know)."""
+    Hugging Face's ModelOutput or caches (which pytree does not know). `also`: a type to
+    collect as if it were a tensor (fx proxies)."""
     out: list[torch.Tensor] = []
-    _walk(obj, set(), out, 0)
+    _walk(obj, set(), out, 0, (torch.Tensor, also) if also else torch.Tensor)
     return out
 
 
-def _walk(obj: Any, seen: set[int], out: list[torch.Tensor], depth: int) -> None:
-    if isinstance(obj, torch.Tensor):
+def _walk(obj: Any, seen: set[int], out: list[torch.Tensor], depth: int, kinds: Any) -> None:
+    if isinstance(obj, kinds):
         out.append(obj)
         return
     if depth > _MAX_DEPTH or id(obj) in seen or isinstance(obj, str | bytes | int | float):
@@ -37,7 +38,7 @@ def _walk(obj: Any, seen: set[int], out: list[torch.Tensor], depth: int) -> None
     else:
         return
     for item in items:
-        _walk(item, seen, out, depth + 1)
+        _walk(item, seen, out, depth + 1, kinds)
 
 
 def _opaque(obj: Any) -> bool:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from inspector.context import Context
+from inspector.graph.fxcapture import FLAT_INPUTS, fx_placeholder_values
 
 __all__ = ["NodeRef", "run_nodes", "graph_feed", "kind_of"]
 
@@ -70,6 +71,8 @@ def run_nodes(
 def graph_feed(gm: torch.fx.GraphModule, ctx: Context) -> list[Any] | None:
     """Values for the graph's placeholders: by forward-parameter name (fx), else the
     flattened inputs in order (export); None when neither fits."""
+    if gm.meta.get(FLAT_INPUTS):
+        return fx_placeholder_values(gm, ctx.model, ctx.inputs.args, ctx.inputs.kwargs)
     holders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     try:
         bound = inspect.signature(ctx.model.forward).bind(*ctx.inputs.args, **ctx.inputs.kwargs)

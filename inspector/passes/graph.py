@@ -11,6 +11,7 @@ counted once.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 
 from torch import nn
 
@@ -18,6 +19,7 @@ from inspector.context import Context
 from inspector.errors import UserCodeError
 from inspector.graph.backward import measure_backward
 from inspector.graph.exportcapture import export_graph
+from inspector.graph.guidedfx import changed_decision
 from inspector.graph.modules import build_modules, module_calls
 from inspector.graph.params import ParamTable, param_table
 from inspector.graph.records import NodeRecord
@@ -147,24 +149,40 @@ def _symbolic(ctx: Context, records: list[NodeRecord]) -> None:
     if _symbolic_from_export(ctx, records):
         return
     mode = perturb_fake_mode(ctx)
+    decisions = ctx.scratch.get("graph.decisions") or []
+    specialized: list[str] = []
 
     def rerun(dim: str, value: int) -> list[NodeRecord] | None:
+        watch = {d.node: None for d in decisions}
         try:
             with mode:
                 inputs = ctx.factory.build(dims={**dims, dim: value}, device=ctx.options.device)
+            records = None
             if ctx.scratch.get("graph.meta"):
-                try:
-                    return record_meta(ctx, inputs, main=False)
-                except Exception:  # e.g. a static export: run it the fake way
-                    pass
-            with preserved_state(ctx.model, real=False):
-                return record_run(ctx, inputs, mode, main=False, count_flops=False)
+                with suppress(Exception):  # e.g. a static export: run it the fake way
+                    records = record_meta(ctx, inputs, main=False, watch=watch)
+            if records is None:
+                with preserved_state(ctx.model, real=False):
+                    records = record_run(
+                        ctx, inputs, mode, main=False, count_flops=False, watch=watch
+                    )
         except Exception:  # that dim stays concrete; the main run already worked
             return None
+        changed = changed_decision(decisions, watch)
+        if changed is not None:  # a graph traced at this size would differ
+            specialized.append(f"{dim} (`{changed.node}`)")
+            return None
+        return records
 
     # a re-exported graph may differ in its node list: match it by node name
     by_name = ctx.capture.method == "export" and ctx.scratch.get("graph.reexport", True)
     failed = apply_sym_shapes(records, dims, rerun, by_name)
+    if specialized:
+        ctx.report.meta.warnings.append(
+            "the traced graph follows a Python branch that changes with "
+            f"{', '.join(specialized)}: those dims are shown as plain numbers."
+        )
+    failed = [d for d in failed if not any(s.startswith(f"{d} ") for s in specialized)]
     if failed:
         ctx.report.meta.warnings.append(
             f"shapes with {', '.join(failed)} changed did not run: "

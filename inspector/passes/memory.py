@@ -10,6 +10,7 @@ import torch
 
 from inspector.context import Context, Inputs
 from inspector.graph.exportcapture import WRAPPED, flat_tensors
+from inspector.graph.fxcapture import FLAT_INPUTS
 from inspector.memory import advice, scaling, setups
 from inspector.memory.analysis import Analysis, analyse, batch_runs, fb_peak, rerun
 from inspector.memory.measure import measure, relative_error
@@ -104,7 +105,9 @@ def _nodes(ctx: Context, mem: Memory, a: Analysis) -> None:
 def _graph_inputs(ctx: Context, a: Analysis) -> Inputs:
     """The captured graph's own calling convention: an export of the flattening wrapper
     takes the input tensors positionally."""
-    if ctx.capture.method == "export" and ctx.scratch.get("graph.strip") == WRAPPED:
+    gm = ctx.capture.graph_module
+    flat = gm is not None and gm.meta.get(FLAT_INPUTS)  # an fx trace of the same wrapper
+    if flat or (ctx.capture.method == "export" and ctx.scratch.get("graph.strip") == WRAPPED):
         return Inputs(args=tuple(flat_tensors(a.inputs.args, a.inputs.kwargs)))
     return a.inputs
 

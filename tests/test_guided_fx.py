@@ -1,0 +1,187 @@
+"""fx guided by meta values: models plain symbolic_trace cannot trace (Python branches on
+traced sizes, Hugging Face models) still get an fx graph, checked against an independent
+capture (torch.export) and against the model's own output."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import models
+import pytest
+import torch
+from graph_helpers import inspect_ctx, make_ctx
+from torch import nn
+
+from inspector import capture
+from inspector.graph.guidedfx import GuidedTraceError, trace_guided
+from inspector.graph.metarun import on_meta_device
+from inspector.passes import graph
+
+THIS = str(Path(__file__))
+
+
+class ShapeBranch(nn.Module):
+    """Plain fx fails at the `if` (a Proxy has no truth value); the branch follows T."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wide = nn.Linear(8, 16)
+        self.narrow = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, 8]
+        y = self.wide(x) if x.shape[1] > 3 else self.narrow(x)
+        return y.flatten(1)
+
+
+class StableBranches(nn.Module):
+    """Decisions no named dim changes: a rank test and a scale from a fixed width."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, 8]
+        if x.dim() == 3:
+            x = x * (1.0 / math.sqrt(x.size(-1)))
+        h = self.proj(x)
+        return h.view(x.size(0), -1)
+
+
+class BranchThenNonzero(nn.Module):
+    """Plain fx fails at the `if`; meta cannot size `nonzero`: torch.export is next."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] > 3:
+            x = x * 2
+        h = self.lin(x)
+        return h[torch.nonzero(h.sum(-1) > -1e9, as_tuple=True)]
+
+
+def _run(module: type[nn.Module], fake: bool = False, **dims: int):
+    make = lambda B, T: ((torch.randn(B, T, 8),), {})  # noqa: E731, N803
+    ctx = make_ctx(module, make, dims, fake=fake, user_files=(THIS,))
+    return ctx, inspect_ctx(ctx)
+
+
+@pytest.mark.parametrize("fake", [False, True])
+def test_a_branch_on_a_size_traces_with_that_dim_left_concrete(fake: bool) -> None:
+    ctx, report = _run(ShapeBranch, fake=fake, B=4, T=6)
+    (attempt,) = report.capture.attempts
+    assert attempt.method == "fx" and attempt.ok
+    assert "symbolic_trace failed" in attempt.error and "TraceError" in attempt.error
+    assert report.capture.method == "fx"
+    # T=6 takes the wide branch: Linear(8, 16) on B*T rows, 2 * 4*6 * 8 * 16 FLOPs
+    assert report.module("wide").flops_forward == 2 * 4 * 6 * 8 * 16
+    assert report.module("narrow").flops_forward == 0
+    # with T halved to 3 the `if` goes the other way: T is not symbolic, B is
+    out = report.module("").output_shapes[0]
+    assert out == ["B", 96]  # flatten of [B, 6, 16]
+    assert any("Python branch that changes with T" in w for w in report.meta.warnings)
+
+
+def test_decisions_no_dim_moves_keep_every_dim_symbolic() -> None:
+    ctx, report = _run(StableBranches, B=4, T=6)
+    (attempt,) = report.capture.attempts
+    assert attempt.ok and report.capture.method == "fx"
+    assert report.module("").output_shapes == [["B", "8*T"]]
+    assert report.module("proj").output_shapes == [["B", "T", 8]]
+    assert report.module("proj").flops_forward == 2 * 4 * 6 * 8 * 8
+    assert not any("branch" in w for w in report.meta.warnings)
+    # the graph computes what the model computes
+    x = torch.randn(3, 5, 8)
+    (out,) = ctx.capture.graph_module(x)
+    torch.testing.assert_close(out, ctx.model(x))
+
+
+def test_what_meta_cannot_run_goes_on_to_export() -> None:
+    _, report = _run(BranchThenNonzero, B=4, T=6)
+    fx, export = report.capture.attempts
+    assert not fx.ok and fx.error_type == "TraceError"  # plain fx's error, the user's line
+    assert fx.source_line == "if x.shape[1] > 3:"
+    assert export.ok and report.capture.method == "export"
+    assert report.module("lin").flops_forward == 2 * 4 * 6 * 8 * 8
+
+
+def test_control_flow_on_tensor_data_is_refused() -> None:
+    model, (args, kwargs) = models.make_data_dependent()
+    with pytest.raises(GuidedTraceError, match="control flow on tensor data"):
+        trace_guided(model, args, kwargs)
+
+
+def test_placeholders_are_the_flat_input_tensors_named_after_them() -> None:
+    model, (args, kwargs) = models.make_dict_in_tuple_out()
+    cap = trace_guided(model, args, kwargs)
+    names = [n.name for n in cap.graph_module.graph.find_nodes(op="placeholder")]
+    assert names == ["batch_image", "batch_tokens"]
+    out = cap.graph_module(args[0]["image"], args[0]["tokens"])
+    for got, want in zip(out, model(*args), strict=True):
+        torch.testing.assert_close(got, want)
+    # targets are the model's own paths, as plain fx names them
+    assert {n.target for n in cap.graph_module.graph.find_nodes(op="call_module")} == {
+        "image",
+        "text",
+    }
+
+
+def test_devices_baked_into_a_call_move_to_meta() -> None:
+    cpu = torch.device("cpu")
+    args, kwargs = on_meta_device("to", (object(), "cpu"), {"device": cpu, "x": "cpu"}, cpu)
+    assert args[1] == torch.device("meta")
+    assert kwargs == {"device": torch.device("meta"), "x": "cpu"}  # only device arguments
+    args, _ = on_meta_device(None, ("cpu", torch.device("cuda")), {}, cpu)
+    assert args == ("cpu", torch.device("cuda"))
+
+
+@pytest.fixture(scope="module")
+def gpt2_both() -> tuple:
+    """GPT-2 small (2 layers) captured by guided fx and by torch.export."""
+    cfg = {"n_layer": 2, "vocab_size": 100, "n_positions": 64}
+
+    def build() -> nn.Module:
+        return models.make_gpt2(**cfg)[0]
+
+    def ids(B: int, S: int) -> tuple:  # noqa: N803
+        return (), {"input_ids": torch.randint(0, 100, (B, S))}
+
+    guided_ctx = make_ctx(build, ids, {"B": 2, "S": 8})
+    guided = inspect_ctx(guided_ctx)
+    export_ctx = make_ctx(build, ids, {"B": 2, "S": 8})
+    result, _ = capture._export(export_ctx)  # the independent capture
+    result.attempts = []
+    export_ctx.capture = result
+    graph.run(export_ctx)
+    return guided_ctx, guided, export_ctx.report
+
+
+def test_gpt2_plain_fx_fails_and_guided_fx_traces_it(gpt2_both: tuple) -> None:
+    ctx, report, _ = gpt2_both
+    (attempt,) = report.capture.attempts
+    assert attempt.ok and report.capture.method == "fx"
+    assert "co_varnames" in attempt.error  # why plain symbolic_trace failed
+    assert report.module("").output_shapes[0] == ["B", "S", 100]
+    # the graph gives the model's own logits
+    ids = torch.randint(0, 100, (3, 5))
+    with torch.no_grad():
+        logits = ctx.capture.graph_module(ids)[0]
+        torch.testing.assert_close(logits, ctx.model(input_ids=ids).logits)
+
+
+def test_gpt2_guided_fx_agrees_with_torch_export(gpt2_both: tuple) -> None:
+    _, guided, exported = gpt2_both
+    assert exported.capture.method is None or exported.nodes  # export ran the graph pass
+    g, e = guided.totals, exported.totals
+    assert (g.params, g.flops_forward, g.flops_backward) == (
+        e.params,
+        e.flops_forward,
+        e.flops_backward,
+    )
+    by_path = {m.path: m for m in exported.modules}
+    for m in guided.modules:
+        other = by_path[m.path]
+        assert m.output_shapes == other.output_shapes, m.path
+        assert (m.flops_forward, m.flops_backward) == (other.flops_forward, other.flops_backward)

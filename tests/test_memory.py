@@ -18,7 +18,15 @@ from inspector.context import (
 from inspector.fakebuild import building_under
 from inspector.memory.measure import measure
 from inspector.memory.optimizer import make_optimizer, optimizer_state_bytes, state_bytes_of
-from inspector.memory.scaling import MAX_BATCH, Line, fit_line, max_batch
+from inspector.memory.scaling import (
+    MAX_BATCH,
+    Line,
+    fit_line,
+    max_batch,
+    phase_lines,
+    steepest,
+    window_lines,
+)
 from inspector.memory.shadow import fake_inputs, fake_shadow, new_fake_mode
 from inspector.memory.step import StepOptions, forward_run, train_step, warm_up
 from inspector.memory.timeline import downsample
@@ -121,6 +129,38 @@ def test_fit_and_max_batch_by_hand():
     assert max_batch([grows, step], 5000) == (5000 - 1000) // 50 == 80
     assert max_batch([grows, step], 2500) == 0  # the optimizer step alone needs 3000
     assert max_batch([Line(100, 0)], 5000) == MAX_BATCH
+
+
+def test_each_stretch_of_the_step_gets_its_own_line():
+    # at B=2 and 4 the peak is the end of the backward (3000, then 3002) and one line
+    # through those peaks would grow by 1 B a sample; the forward's stretch grows by 50
+    runs = [(2, [1100, 3000]), (4, [1200, 3002])]
+    lines = window_lines(runs)
+    assert lines == [Line(1000, 50), Line(2998, 1)]
+    assert steepest(lines) == Line(1000, 50)
+    assert max_batch(lines, 10_000) == (10_000 - 1000) // 50 == 180
+    assert max_batch([fit_line([(2, 3000), (4, 3002)])], 10_000) == 7002  # the old fit
+    assert window_lines([(2, [1, 2]), (4, [1, 2, 3])]) is None  # another op sequence
+    by_phase = phase_lines(
+        [(2, {"forward": 1100, "backward": 3000}), (4, {"forward": 1200, "backward": 3002})]
+    )
+    assert by_phase == [Line(2998, 1), Line(1000, 50)]  # backward, forward
+
+
+def test_largest_batch_is_the_one_a_fake_step_finds_fitting():
+    """The predicted largest batch for a budget, checked by fake training steps at that
+    batch and one more (ground truth: the tracker's peak at those batches)."""
+    budget = 64 * 2**20
+    ctx = mlp_context(2, fake=True, budgets_bytes=[budget])
+    memory_pass.run(ctx)
+    best = ctx.report.memory.max_batch[str(budget)]
+    assert 1000 < best < MAX_BATCH
+    peaks = []
+    for b in (best, best + 1):
+        model, (args, _) = make_mlp(b)
+        train, _ = fake_step(model, args, optimizer="adamw")
+        peaks.append(max(train.phase_peaks.values()))
+    assert peaks[0] <= budget < peaks[1]
 
 
 def test_pass_on_mlp_real_matches_measured_and_hand_numbers():

@@ -1,10 +1,15 @@
 """Peak memory against batch size: a linear fit from runs at two or more batch sizes, and
 the largest batch that fits a memory budget.
 
-The training step's peak is the larger of two phases: forward/backward, which grows with
-the batch (activations), and the optimizer step, which hardly does (params, grads and
-state; only the inputs grow). Each phase gets its own line `fixed + per_sample * batch`;
-the largest batch is the largest b where both lines stay within the budget.
+The training step's peak is the largest of the peaks of its stretches (between two
+timeline marks: a module's forward, an autograd node's backward, the optimizer step), and
+each grows at its own rate: the end of the forward with every activation kept, the end of
+the backward hardly (gradients, no activations), the optimizer step not at all. Each
+stretch gets its own line `fixed + per_sample * batch` (exact when the op sequence does
+not change with the batch); the largest batch is the largest b where every line stays
+within the budget. One line through the step's peaks would not do: at small batches the
+peak is often the end of the backward, which barely grows, while the forward's peak
+overtakes it further out (GPT-2: 1,048,576 "fitting" 16 GiB).
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ from torch.utils._pytree import tree_map
 
 from inspector.context import InputFactory, Inputs
 
-__all__ = ["Line", "fit_line", "max_batch", "batch_size_of", "inputs_at_batch", "MAX_BATCH"]
+__all__ = [
+    "MAX_BATCH", "Line", "batch_size_of", "fit_line", "inputs_at_batch", "max_batch",
+    "phase_lines", "steepest", "window_lines",
+]  # fmt: skip
 
 MAX_BATCH = 2**20  # reported when memory does not grow with the batch
 
@@ -42,6 +50,27 @@ def fit_line(points: list[tuple[int, int]]) -> Line:
     var = sum((b - mean_b) ** 2 for b, _ in points)
     slope = sum((b - mean_b) * (y - mean_y) for b, y in points) / var
     return Line(mean_y - slope * mean_b, slope)
+
+
+def window_lines(runs: list[tuple[int, list[int]]]) -> list[Line] | None:
+    """One line per stretch of the step between two timeline marks, through its peak in
+    runs at several batches; None when the runs do not have the same stretches (the op
+    sequence changed with the batch)."""
+    if len({len(w) for _, w in runs}) != 1:
+        return None
+    return [fit_line([(b, w[i]) for b, w in runs]) for i in range(len(runs[0][1]))]
+
+
+def phase_lines(runs: list[tuple[int, dict[str, int]]]) -> list[Line]:
+    """One line per phase through (batch, that phase's peak): coarser than window_lines."""
+    phases = sorted({p for _, peaks in runs for p in peaks})
+    return [fit_line([(b, peaks.get(p, 0)) for b, peaks in runs]) for p in phases]
+
+
+def steepest(lines: list[Line]) -> Line:
+    """The line that bounds large batches: the fastest-growing one (the larger fixed part
+    breaks a tie)."""
+    return max(lines, key=lambda line: (line.per_sample, line.fixed))
 
 
 def max_batch(lines: list[Line], budget: int) -> int:

@@ -62,6 +62,7 @@ class TrainResult:
     peak_phase: str
     phase_peaks: dict[str, int]
     points: list[Point] = field(default_factory=list)
+    windows: list[tuple[str, int]] = field(default_factory=list)  # LiveTracker.windows
     saved: dict[int, tuple[int, str | None]] = field(default_factory=dict)  # key -> bytes, by
     module_outputs: dict[str, set[int]] = field(default_factory=dict)  # path -> storage keys
     module_output_bytes: dict[str, int] = field(default_factory=dict)  # path -> bytes
@@ -173,6 +174,7 @@ def _tracked_step(
         peak_phase=tracker.peak_phase,
         phase_peaks=dict(tracker.phase_peaks),
         points=tracker.timeline(),
+        windows=tracker.windows(),
         saved=saved.saved,
         module_outputs=calls.outputs,
         module_output_bytes=calls.output_bytes,

@@ -66,6 +66,10 @@ class LiveTracker(TorchDispatchMode):
         self.peak_phase = "forward"
         self.points: list[Point] = []
         self.phase_peaks: dict[str, int] = {}
+        # the highest live bytes between consecutive marks: each is linear in the batch
+        # for a fixed op sequence, so runs at two batches give the peak at any batch
+        self.window_peaks: list[tuple[str, int]] = []  # (phase, peak)
+        self._window = 0
         self._last_backward: str | None = None
         self.tag_backward = True  # label backward ops by their autograd node's tag
         self._gc_was_enabled = False
@@ -134,6 +138,7 @@ class LiveTracker(TorchDispatchMode):
         return out
 
     def _note_peak(self, label: str | None) -> None:
+        self._window = max(self._window, self.live)
         if self.live > self.phase_peaks.get(self.phase, -1):
             self.phase_peaks[self.phase] = self.live
         if self.live > self.peak:
@@ -158,6 +163,12 @@ class LiveTracker(TorchDispatchMode):
     def mark(self, label: str | None, phase: str | None = None) -> None:
         """Record a timeline point: live bytes now, after `label` ran."""
         self.points.append(Point(phase or self.phase, label, self.live))
+        self.window_peaks.append((phase or self.phase, max(self._window, self.live)))
+        self._window = self.live
+
+    def windows(self) -> list[tuple[str, int]]:
+        """(phase, peak live bytes) of each stretch between marks, the open one too."""
+        return [*self.window_peaks, (self.phase, max(self._window, self.live))]
 
     def bytes_where(self, kind: str) -> int:
         return sum(e.nbytes for e in self.entries.values() if e.kind == kind)

@@ -136,12 +136,19 @@ def _batch(ctx: Context, mem: Memory, a: Analysis) -> None:
         )
         for b, t, f in runs
     ]
-    grows = scaling.fit_line([(b, fb_peak(t)) for b, t, _ in runs])
-    step = scaling.fit_line([(b, t.phase_peaks.get("optimizer", 0)) for b, t, _ in runs])
+    # forward and backward by stretch; the optimizer step by its (resident-state) peak
+    lines = scaling.window_lines(
+        [(b, [peak for phase, peak in t.windows if phase != "optimizer"]) for b, t, _ in runs]
+    )
+    if lines is None:
+        lines = scaling.phase_lines(
+            [(b, {p: v for p, v in t.phase_peaks.items() if p != "optimizer"}) for b, t, _ in runs]
+        )
+    grows = scaling.steepest(lines)
+    lines.append(scaling.fit_line([(b, t.phase_peaks.get("optimizer", 0)) for b, t, _ in runs]))
     mem.fixed_bytes, mem.per_sample_bytes = round(grows.fixed), round(grows.per_sample)
     budgets = sorted(set(ACCELERATOR_BUDGETS) | set(ctx.options.budgets_bytes))
-    mem.max_batch = {str(b): scaling.max_batch([grows, step], b) for b in budgets}
-    ctx.scratch["memory_lines"] = (grows, step)
+    mem.max_batch = {str(b): scaling.max_batch(lines, b) for b in budgets}
 
 
 def _advice(ctx: Context, mem: Memory, a: Analysis) -> None:

@@ -116,7 +116,7 @@ class _MetaProxy(fx.Proxy):
     def __int__(self) -> int:
         return int(self.decide("int"))
 
-    def __index__(self) -> int:
+    def __index__(self) -> int:  # a slice of a plain list or tensor: `x[:, :n]`
         return operator.index(self.decide("index"))
 
     def __float__(self) -> float:
@@ -143,6 +143,9 @@ class _GuidedTracer(FxTracer):
         stack_traces: bool,
     ) -> None:  # fmt: skip
         super().__init__(leaves, stack_traces=stack_traces)
+        # buffers as nodes: `self.position_ids[:, :seq_len]` stays a graph op on a traced
+        # length instead of a slice taken at the example's length (a decision on it)
+        self.proxy_buffer_attributes = True
         self.state = state  # meta copy of every parameter and buffer, by path
         self.device = device
         self.decisions: list[tuple[str, Any]] = []
@@ -212,6 +215,8 @@ class _GuidedTracer(FxTracer):
 
     def _values(self, obj: Any) -> Any:
         def value(x: Any) -> Any:
+            if isinstance(x, slice):  # a pytree leaf, but `x[:, :n]` holds proxies in one
+                return slice(value(x.start), value(x.stop), value(x.step))
             if isinstance(x, fx.Proxy):
                 v = x.node.meta.get(_VALUE, _MISSING)
                 if v is _MISSING:

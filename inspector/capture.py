@@ -95,9 +95,9 @@ def _fx(ctx: Context) -> tuple[CaptureResult, Any]:
         taken = sum(d.why != "rank" for d in cap.decisions)
         text = (
             f"torch.fx.symbolic_trace failed ({type(plain).__name__}: {_message(plain)}); "
-            f"traced again with meta values deciding the model's {taken} Python branches "
-            "on traced values, as the example inputs take them (each is checked again "
-            "with every named dim changed)"
+            f"traced again with meta values taking the model's {taken} Python "
+            f"decision{'s' if taken != 1 else ''} on traced values as the example inputs "
+            "take them (each is checked again with every named dim changed)"
         )
         return result, (text, plain, user_location(plain, files))
     if not cap.leaves or cap.first_error is None:

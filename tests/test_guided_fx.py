@@ -99,6 +99,22 @@ def test_decisions_no_dim_moves_keep_every_dim_symbolic() -> None:
     torch.testing.assert_close(out, ctx.model(x))
 
 
+def test_the_terminal_says_how_fx_got_round_the_failure() -> None:
+    import io
+
+    from rich.console import Console
+
+    from inspector.render.terminal import render_terminal
+
+    _, report = _run(StableBranches, B=4, T=6)
+    buffer = io.StringIO()
+    render_terminal(report, console=Console(file=buffer, width=300))
+    out = buffer.getvalue()
+    assert "capture fx" in out and "fx: torch.fx.symbolic_trace failed (TraceError" in out
+    # `x.dim() == 3`; math.sqrt of a traced size is a node (fx wraps the math module)
+    assert "1 Python decision on traced values" in out
+
+
 def test_what_meta_cannot_run_goes_on_to_export() -> None:
     _, report = _run(BranchThenNonzero, B=4, T=6)
     fx, export = report.capture.attempts

@@ -96,6 +96,10 @@ def _append_capture(text: Text, report: Report) -> None:
         text.append(f" · {capture.node_count:,} nodes")
     for failure in failed_attempts(report):
         text.append(f"\n  failed {failure}", style="dim")
+    for attempt in capture.attempts:  # how a capture that worked got round a failure
+        if attempt.ok and attempt.error:
+            note = attempt.error if len(attempt.error) <= 240 else attempt.error[:240] + " ..."
+            text.append(f"\n  {attempt.method}: {note}", style="dim")
 
 
 def _print_failure(report: Report, console: Console) -> None:

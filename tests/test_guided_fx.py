@@ -82,7 +82,9 @@ def test_a_branch_on_a_size_traces_with_that_dim_left_concrete(fake: bool) -> No
     # with T halved to 3 the `if` goes the other way: T is not symbolic, B is
     out = report.module("").output_shapes[0]
     assert out == ["B", 96]  # flatten of [B, 6, 16]
-    assert any("Python branch that changes with T" in w for w in report.meta.warnings)
+    (warning,) = [w for w in report.meta.warnings if "Python decision" in w]
+    line = ShapeBranch.forward.__code__.co_firstlineno + 1  # the `if` on x.shape[1]
+    assert f"changes with T (`gt` at test_guided_fx.py:{line})" in warning
 
 
 def test_decisions_no_dim_moves_keep_every_dim_symbolic() -> None:

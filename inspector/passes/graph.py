@@ -22,7 +22,7 @@ from inspector.graph.exportcapture import export_graph
 from inspector.graph.guidedfx import changed_decision
 from inspector.graph.modules import build_modules, module_calls
 from inspector.graph.params import ParamTable, param_table
-from inspector.graph.records import NodeRecord
+from inspector.graph.records import NodeRecord, user_location_from_stack
 from inspector.graph.runner import perturb_fake_mode, preserved_state, record_meta, record_run
 from inspector.graph.symdims import apply_sym_shapes
 from inspector.graph.symmeta import apply_meta_sym_shapes, symbol_names
@@ -170,7 +170,7 @@ def _symbolic(ctx: Context, records: list[NodeRecord]) -> None:
             return None
         changed = changed_decision(decisions, watch)
         if changed is not None:  # a graph traced at this size would differ
-            specialized.append(f"{dim} (`{changed.node}`)")
+            specialized.append(f"{dim} ({_decided_at(ctx, changed.node)})")
             return None
         return records
 
@@ -179,8 +179,9 @@ def _symbolic(ctx: Context, records: list[NodeRecord]) -> None:
     failed = apply_sym_shapes(records, dims, rerun, by_name)
     if specialized:
         ctx.report.meta.warnings.append(
-            "the traced graph follows a Python branch that changes with "
-            f"{', '.join(specialized)}: those dims are shown as plain numbers."
+            "the traced graph rests on a Python decision (a branch, an int of a size) "
+            f"that changes with {', '.join(specialized)}: those dims are shown as plain "
+            "numbers."
         )
     failed = [d for d in failed if not any(s.startswith(f"{d} ") for s in specialized)]
     if failed:
@@ -188,6 +189,14 @@ def _symbolic(ctx: Context, records: list[NodeRecord]) -> None:
             f"shapes with {', '.join(failed)} changed did not run: "
             "those dims are shown as plain numbers."
         )
+
+
+def _decided_at(ctx: Context, node: str) -> str:
+    """`node`, and the user's line it was traced at when the trace recorded stacks."""
+    found = next((n for n in ctx.capture.graph_module.graph.nodes if n.name == node), None)
+    stack = found.meta.get("stack_trace") if found is not None else None
+    where = user_location_from_stack(stack, ctx.loaded.user_files)
+    return f"`{node}`" + (f" at {where}" if where else "")
 
 
 def _symbolic_from_export(ctx: Context, records: list[NodeRecord]) -> bool:

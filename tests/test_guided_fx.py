@@ -132,6 +132,40 @@ def test_control_flow_on_tensor_data_is_refused() -> None:
         trace_guided(model, args, kwargs)
 
 
+class DuckTyped(nn.Module):
+    """Duck typing on the input, as transformers' `is_jax_jitting` does: eager sees a
+    tensor without a `jax` attribute, and `.item()` under `try` works on real values."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if hasattr(x, "jax"):  # plain fx says True to any attribute
+            x = x * 2
+        if x.shape[0] > 1:  # plain fx stops here
+            x = x + 1
+        return x
+
+
+class CaughtItem(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            scale = x.max().item()  # meta has no value: the model would take the except
+        except Exception:  # noqa: BLE001
+            scale = 1.0
+        return x * scale if x.shape[0] > 1 else x
+
+
+def test_attributes_a_tensor_lacks_are_missing_as_in_eager() -> None:
+    x = torch.randn(3, 4)
+    cap = trace_guided(DuckTyped(), (x,), {})
+    (out,) = cap.graph_module(x)
+    torch.testing.assert_close(out, x + 1)
+    assert not [n for n in cap.graph_module.graph.nodes if "jax" in n.name]
+
+
+def test_a_meta_failure_the_model_catches_still_refuses_the_trace() -> None:
+    with pytest.raises(GuidedTraceError, match="does not run on meta tensors"):
+        trace_guided(CaughtItem(), (torch.randn(3, 4),), {})
+
+
 def test_placeholders_are_the_flat_input_tensors_named_after_them() -> None:
     model, (args, kwargs) = models.make_dict_in_tuple_out()
     cap = trace_guided(model, args, kwargs)

@@ -126,10 +126,12 @@ class _MetaProxy(fx.Proxy):
         return iter([self[i] for i in range(len(self))])
 
     def __getattr__(self, name: str) -> Any:
-        if name in _STATIC_ATTRS or name == "device":
-            v = self.value()
-            if isinstance(v, torch.Tensor):  # the device: the one the meta value stands for
-                return self.tracer.device if name == "device" else getattr(v, name)
+        v = self.value()
+        if v is not _MISSING and not hasattr(v, name):
+            # as eager: `hasattr(x, "jax")` is False (fx would say True to anything)
+            raise AttributeError(f"{type(v).__name__!r} object has no attribute {name!r}")
+        if isinstance(v, torch.Tensor) and (name in _STATIC_ATTRS or name == "device"):
+            return self.tracer.device if name == "device" else getattr(v, name)
         return _MetaAttribute(self, name)
 
 
@@ -152,6 +154,9 @@ class _GuidedTracer(FxTracer):
         self.placeholder_values: list[torch.Tensor] = []
         self._param_paths: dict[int, str] = {}
         self._inputs_given = 0
+        # a node meta could not run: eager would have run it (`try: x.item()`), so the
+        # graph is not the model's whatever the model did with the error
+        self.failed: GuidedTraceError | None = None
 
     def trace(self, root: Any, concrete_args: Any = None) -> fx.Graph:
         for name, p in root.named_parameters():  # fx looks each up by a linear search
@@ -189,10 +194,12 @@ class _GuidedTracer(FxTracer):
             except GuidedTraceError:
                 raise
             except Exception as exc:
-                raise GuidedTraceError(
+                error = GuidedTraceError(
                     f"`{proxy.node.name}` does not run on meta tensors: "
                     f"{type(exc).__name__}: {str(exc).strip()[:300]}"
-                ) from exc
+                )
+                self.failed = self.failed or error  # even if the model catches it
+                raise error from exc
         proxy.node.meta[_VALUE] = value
         return proxy
 
@@ -367,6 +374,8 @@ def trace_guided(
         make_tracer, root, None, roots=frozenset({_WRAPPED}),
         retry=lambda exc: not isinstance(exc, GuidedTraceError),  # meta fails in a leaf too
     )  # fmt: skip
+    if tracer.failed is not None:
+        raise tracer.failed
     gm = _rebase(tracer, graph, model)
     leaves = sorted(p.removeprefix(_WRAPPED + ".") for p in leaves)
     return GuidedCapture(gm, leaves, tracer.decisions, first)

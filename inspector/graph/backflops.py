@@ -49,7 +49,16 @@ def sdpa_backward(out: torch.Tensor, q: Any, k: Any, v: Any) -> int:
     """The fused attention backward (scores recomputed, then four matmuls)."""
     if not any(requires_grad(t) for t in (q, k, v)):
         return 0
-    return sdpa_backward_flop_count(out.shape, q.shape, k.shape, v.shape)
+    k_shape, v_shape = _heads_of(q.shape, k.shape), _heads_of(q.shape, v.shape)
+    return sdpa_backward_flop_count(out.shape, q.shape, k_shape, v_shape)
+
+
+def _heads_of(q: torch.Size, kv: torch.Size) -> tuple[int, ...]:
+    """Grouped-query attention (fewer key/value heads) costs what attention with every
+    query head does; torch before 2.13 asserts equal heads in its formula."""
+    if len(q) == 4 and len(kv) == 4 and kv[1] != q[1] and kv[1] and q[1] % kv[1] == 0:
+        return (kv[0], q[1], kv[2], kv[3])
+    return tuple(kv)
 
 
 def backward_flops(packet: Any, forward: int, out: Any, args: tuple, kwargs: dict) -> int | None:

@@ -96,12 +96,11 @@ class _MetaProxy(fx.Proxy):
 
     def decide(self, why: str) -> Any:
         v = self.value()
-        if v is _MISSING:
-            raise GuidedTraceError(f"{why}() of `{self.node.name}`, whose value is unknown")
-        if isinstance(v, torch.Tensor):
-            raise GuidedTraceError(
-                f"{why}() of tensor `{self.node.name}`: control flow on tensor data"
-            )
+        if v is _MISSING or isinstance(v, torch.Tensor):
+            what = "control flow on tensor data" if v is not _MISSING else "value unknown"
+            error = GuidedTraceError(f"{why}() of `{self.node.name}`: {what}")
+            self.tracer.failed = self.tracer.failed or error  # even if the model catches it
+            raise error
         self.tracer.decisions.append(Decision(self.node.name, why, _DECIDE[why](v)))
         return v
 
@@ -150,12 +149,13 @@ class _GuidedTracer(FxTracer):
         self.proxy_buffer_attributes = True
         self.state = state  # meta copy of every parameter and buffer, by path
         self.device = device
-        self.decisions: list[tuple[str, Any]] = []
+        self.decisions: list[Decision] = []
         self.placeholder_values: list[torch.Tensor] = []
         self._param_paths: dict[int, str] = {}
         self._inputs_given = 0
-        # a node meta could not run: eager would have run it (`try: x.item()`), so the
-        # graph is not the model's whatever the model did with the error
+        # a node meta could not run or a decision it could not take: eager would have
+        # gone on (`try: x.item()`), so the graph is not the model's whatever the model
+        # did with the error
         self.failed: GuidedTraceError | None = None
 
     def trace(self, root: Any, concrete_args: Any = None) -> fx.Graph:

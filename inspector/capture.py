@@ -1,5 +1,9 @@
 """Capture: get a graph of the model. fx first, then torch.export, then module hooks.
 
+The fx attempt is plain `symbolic_trace` (submodules it cannot trace kept whole), and where
+that fails at the root, fx guided by meta values (see graph/guidedfx.py: Hugging Face
+models, branches on traced sizes); export comes next when that fails too.
+
 Every attempt is recorded (method, ok, error, the user's file:line and its text, time):
 why tracing failed is itself useful to the user. Works on real and on fake tensors: under
 `ctx.fake_mode` export traces the fake model, and hooks run it with fake inputs.

@@ -94,7 +94,7 @@ def _fx(ctx: Context) -> tuple[CaptureResult, Any]:
     result = CaptureResult(method="fx", attempts=[], graph_module=cap.graph_module)
     ctx.scratch["graph.fx_leaves"] = cap.leaves
     files = ctx.loaded.user_files
-    if isinstance(cap, GuidedCapture) and plain is not None:
+    if plain is not None:  # the guided trace got round plain fx's failure
         ctx.scratch["graph.decisions"] = cap.decisions
         taken = sum(d.why != "rank" for d in cap.decisions)
         text = (

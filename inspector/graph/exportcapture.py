@@ -21,12 +21,12 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from inspector.graph.tensors import tensor_leaves
 
-__all__ = ["WRAPPED", "export_graph", "flat_tensors", "moving_axes"]
+__all__ = ["WRAPPED", "Flat", "export_graph", "flat_tensors", "moving_axes"]
 
 WRAPPED = "model"  # the user's model inside the wrapper: module paths start with it
 
 
-class _Flat(nn.Module):
+class Flat(nn.Module):
     def __init__(self, model: nn.Module, args: tuple, kwargs: dict) -> None:
         super().__init__()
         self.model = model
@@ -35,11 +35,15 @@ class _Flat(nn.Module):
         self._leaves = [None if isinstance(v, torch.Tensor) else v for v in leaves]
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(tensor_leaves(self.call_model(tensors)))
+
+    def call_model(self, tensors: tuple) -> Any:
+        """The model on the inputs with their tensors replaced by `tensors`, in order."""
         leaves = list(self._leaves)
         for pos, t in zip(self._positions, tensors, strict=True):
             leaves[pos] = t
         args, kwargs = tree_unflatten(leaves, self._spec)
-        return tuple(tensor_leaves(self.model(*args, **kwargs)))
+        return self.model(*args, **kwargs)
 
 
 def flat_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -62,7 +66,7 @@ def export_graph(
     model allows and specializes them silently where it does not). `guards=False` gives
     a module that runs on inputs outside the exported ranges (a graph exported at B=2
     run at B=1)."""
-    wrapper = _Flat(model, args, kwargs)
+    wrapper = Flat(model, args, kwargs)
     tensors = tuple(flat_tensors(args, kwargs))
     shapes = None
     if dynamic and any(dynamic):

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import fx, nn
-from torch.utils._pytree import tree_flatten
+
+from inspector.graph.exportcapture import flat_tensors
 
 __all__ = [
     "FLAT_INPUTS", "FxCapture", "FxTracer", "fx_placeholder_values", "trace_fx",
@@ -102,8 +102,7 @@ def trace_with_leaves(
 def fx_placeholder_values(gm: fx.GraphModule, model: nn.Module, args: tuple, kwargs: dict):
     """The value of each placeholder of `gm`, in order, for `model(*args, **kwargs)`."""
     if gm.meta.get(FLAT_INPUTS):
-        leaves, _ = tree_flatten((args, kwargs))
-        return [v for v in leaves if isinstance(v, torch.Tensor)]
+        return flat_tensors(args, kwargs)
     sig = inspect.signature(model.forward)
     bound = sig.bind_partial(*args, **kwargs)
     bound.apply_defaults()

@@ -27,8 +27,9 @@ from typing import Any
 import torch
 from torch import fx, nn
 from torch.fx._symbolic_trace import _maybe_revert_all_patches
-from torch.utils._pytree import tree_flatten, tree_flatten_with_path, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_flatten_with_path, tree_map
 
+from inspector.graph.exportcapture import Flat, flat_tensors
 from inspector.graph.fxcapture import FLAT_INPUTS, FxTracer, trace_with_leaves
 from inspector.graph.metarun import meta_like, on_meta_device, single_device
 from inspector.graph.tensors import tensor_leaves
@@ -264,28 +265,22 @@ def meta_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _flat_root(model: nn.Module, args: tuple, kwargs: dict) -> tuple[nn.Module, list]:
-    """A root module taking the input tensors positionally (named after the inputs),
-    calling the model with the rest of its inputs as constants, returning its tensors."""
-    leaves, spec = tree_flatten((args, kwargs))
+    """export's flat wrapper (input tensors positionally, the rest constants, the output's
+    tensors returned), with a signature fx can read: one parameter per tensor, named after
+    the inputs."""
+    tensors = flat_tensors(args, kwargs)
+    leaves, _ = tree_flatten((args, kwargs))
     positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
-    constants = [None if isinstance(v, torch.Tensor) else v for v in leaves]
-    names = _input_names(model, args, kwargs, positions)
-
-    def call(self: nn.Module, tensors: tuple) -> tuple:
-        values = list(constants)
-        for pos, t in zip(positions, tensors, strict=True):
-            values[pos] = t
-        a, k = tree_unflatten(values, spec)
-        return tuple(_proxy_leaves(self.model(*a, **k)))
-
-    params = "".join(f"{n}, " for n in names)
+    params = "".join(f"{n}, " for n in _input_names(model, args, kwargs, positions))
     namespace: dict[str, Any] = {}
-    source = f"def forward(self, {params}):\n    return self._call(({params}))"
-    exec(source, namespace)  # noqa: S102 - a signature fx can read: one parameter per tensor
-    cls = type("FlatInputs", (nn.Module,), {"forward": namespace["forward"], "_call": call})
-    root = cls()
-    root.model = model
-    return root, [leaves[p] for p in positions]
+    source = f"def forward(self, {params}):\n    return self._proxies(({params}))"
+    exec(source, namespace)  # noqa: S102 - names made identifiers by _input_names
+
+    def proxies(self: Flat, tensors: tuple) -> tuple:
+        return tuple(_proxy_leaves(self.call_model(tensors)))
+
+    cls = type("FlatInputs", (Flat,), {"forward": namespace["forward"], "_proxies": proxies})
+    return cls(model, args, kwargs), tensors
 
 
 def _input_names(model: nn.Module, args: tuple, kwargs: dict, positions: list[int]) -> list[str]:

@@ -150,7 +150,7 @@ def _symbolic(ctx: Context, records: list[NodeRecord]) -> None:
         return
     mode = perturb_fake_mode(ctx)
     decisions = ctx.scratch.get("graph.decisions") or []
-    specialized: list[str] = []
+    specialized: dict[str, str] = {}  # dim -> the decision it changes
 
     def rerun(dim: str, value: int) -> list[NodeRecord] | None:
         watch = {d.node: None for d in decisions}
@@ -170,7 +170,7 @@ def _symbolic(ctx: Context, records: list[NodeRecord]) -> None:
             return None
         changed = changed_decision(decisions, watch)
         if changed is not None:  # a graph traced at this size would differ
-            specialized.append(f"{dim} ({_decided_at(ctx, changed.node)})")
+            specialized[dim] = _decided_at(ctx, changed.node)
             return None
         return records
 
@@ -178,12 +178,12 @@ def _symbolic(ctx: Context, records: list[NodeRecord]) -> None:
     by_name = ctx.capture.method == "export" and ctx.scratch.get("graph.reexport", True)
     failed = apply_sym_shapes(records, dims, rerun, by_name)
     if specialized:
+        pinned = ", ".join(f"{d} ({at})" for d, at in specialized.items())
         ctx.report.meta.warnings.append(
             "the traced graph rests on a Python decision (a branch, an int of a size) "
-            f"that changes with {', '.join(specialized)}: those dims are shown as plain "
-            "numbers."
+            f"that changes with {pinned}: those dims are shown as plain numbers."
         )
-    failed = [d for d in failed if not any(s.startswith(f"{d} ") for s in specialized)]
+    failed = [d for d in failed if d not in specialized]
     if failed:
         ctx.report.meta.warnings.append(
             f"shapes with {', '.join(failed)} changed did not run: "

@@ -26,7 +26,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import models  # noqa: E402  (tests/models.py)
 
 from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options  # noqa: E402
-from inspector.fakebuild import building_under  # noqa: E402
+from inspector.loaders.fakebuild import building_under  # noqa: E402
 from inspector.memory.shadow import new_fake_mode  # noqa: E402
 from inspector.passes import memory as memory_pass  # noqa: E402
 from inspector.report import Report  # noqa: E402

@@ -15,7 +15,7 @@ from inspector.capture import capture_graph
 from inspector.context import Context, Options
 from inspector.fit import check_inputs_fit
 from inspector.inputspec import parse_input
-from inspector.loading import load_model
+from inspector.loaders.load import load_model
 from inspector.passes import PASSES
 from inspector.report import Meta, Report
 

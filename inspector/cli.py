@@ -1,5 +1,6 @@
 """The `inspector` command: `inspect` runs the analysis here; the service commands
-(`serve`, `worker`, `db upgrade`, `submit`, `token`) are dispatched lazily to `server/`.
+(`serve`, `worker`, `db upgrade`, `gc`, `token`) come from the `inspector.commands`
+entry-point group (the server registers them); `submit` is the torch-free CI client.
 
 Exit codes: 0 done, 2 the user's input was wrong (UserError, bad flags), 1 our bug.
 Importing this module imports neither torch nor the server stack: `--help` stays fast and
@@ -9,17 +10,19 @@ Importing this module imports neither torch nor the server stack: `--help` stays
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, redirect_stdout
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from inspector import __version__
+from inspector.ci.submit import add_arguments as add_submit_arguments
+from inspector.ci.submit import submit as run_submit
 from inspector.errors import InputSpecError, UserError
 from inspector.units import parse_size
 
@@ -80,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"inspector {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_inspect(commands)
-    _add_server_commands(commands)
+    _add_submit(commands)
+    _add_plugin_commands(commands)
     return parser
 
 
@@ -303,96 +307,24 @@ def _console(stderr: bool) -> Console | None:
     return Console(file=stream, width=width, highlight=False)
 
 
-# -- server commands (lazy) -------------------------------------------------------------
+# -- commands other packages add -------------------------------------------------------
 
 
-def _add_server_commands(commands: argparse._SubParsersAction) -> None:
-    serve = commands.add_parser("serve", help="run the web service, queue and a worker here")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.set_defaults(func=lambda a: _call_server("serve", a.host, a.port))
-
-    worker = commands.add_parser("worker", help="run a worker that takes jobs from the queue")
-    worker.set_defaults(func=lambda a: _call_server("worker"))
-
-    db = commands.add_parser("db", help="database maintenance")
-    db_commands = db.add_subparsers(dest="db_command", metavar="COMMAND", required=True)
-    upgrade = db_commands.add_parser("upgrade", help="apply the database migrations")
-    upgrade.set_defaults(func=lambda a: _call_server("db_upgrade"))
-
-    gc = commands.add_parser("gc", help="delete old reports and their unused uploads (server)")
-    gc.add_argument("--older-than", required=True, metavar="AGE", help="e.g. 90d, 12h, 2w")
-    gc.add_argument("--dry-run", action="store_true", help="list what would go; delete nothing")
-    gc.set_defaults(func=lambda a: _call_server("gc", a))
-
-    _add_submit(commands)
-
-    _add_token(commands)
-
-
-def _add_token(commands: argparse._SubParsersAction) -> None:
-    token = commands.add_parser("token", help="manage API tokens (server database)")
-    actions = token.add_subparsers(dest="token_action", metavar="ACTION", required=True)
-    create = actions.add_parser("create", help="create a token and print it (once)")
-    create.add_argument("name", metavar="NAME", help="what it is for, e.g. github-ci")
-    create.add_argument(
-        "--scope",
-        choices=("upload", "admin"),
-        default="upload",
-        help="upload: upload and re-run (CI); admin: also delete reports",
-    )
-    listing = actions.add_parser("list", help="list tokens (never their secrets)")
-    listing.add_argument("--json", action="store_true", help="print JSON")
-    revoke = actions.add_parser("revoke", help="revoke a token by name or id")
-    revoke.add_argument("token", metavar="NAME|ID")
-    token.set_defaults(func=lambda a: _call_server("token", a))
+def _add_plugin_commands(commands: argparse._SubParsersAction) -> None:
+    """Commands from the `inspector.commands` entry-point group (the server's `serve`,
+    `worker`, `db`, `gc`, `token`): the CLI reaches them without naming their package."""
+    for entry in entry_points(group="inspector.commands"):
+        try:
+            add_commands = entry.load()
+        except ImportError:  # a CI box with the client alone: its commands still work
+            continue
+        add_commands(commands)
 
 
 def _add_submit(commands: argparse._SubParsersAction) -> None:
     submit = commands.add_parser("submit", help="send a model to an inspector server (CI)")
-    try:
-        add_arguments = _optional_attr("inspector.submit", "add_arguments")
-    except Exception:  # a broken submit module must not break every other command
-        add_arguments = None
-    if add_arguments is not None:  # `inspector.submit` owns the flags once it exists
-        add_arguments(submit)
-    else:
-        submit.add_argument("model", metavar="MODEL")
-        submit.add_argument("--server", required=True, metavar="URL")
-        submit.add_argument("--input", metavar="SPEC|FILE")
-    submit.set_defaults(func=_cmd_submit)
-
-
-def _cmd_submit(args: argparse.Namespace) -> int:
-    run = _optional_attr("inspector.submit", "submit")
-    return run(args) if run is not None else _call_server("submit", args)
-
-
-def _optional_attr(module: str, name: str) -> Any:
-    try:
-        return getattr(importlib.import_module(module), name, None)
-    except ModuleNotFoundError as exc:
-        if exc.name != module:  # the module exists but is broken: say so
-            raise
-        return None
-
-
-def _call_server(name: str, *args: object) -> int:
-    try:
-        commands = importlib.import_module("server.cli_commands")
-    except ImportError as exc:
-        print(
-            f"error: `inspector {name.replace('_', ' ')}` needs the server package, which "
-            f"cannot be imported here ({exc}).\n"
-            "hint: install the project with `make serve` (or `pip install -e .`).",
-            file=sys.stderr,
-        )
-        return 2
-    function = getattr(commands, name, None)
-    if function is None:
-        print(f"error: this version of the server has no `{name}` command.", file=sys.stderr)
-        return 2
-    return int(function(*args) or 0)
+    add_submit_arguments(submit)
+    submit.set_defaults(func=run_submit)
 
 
 if __name__ == "__main__":

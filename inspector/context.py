@@ -1,6 +1,6 @@
 """What the pipeline stages hand each other: options, the loaded model, inputs, the capture.
 
-load (inspector.loading) -> LoadedModel
+load (inspector.loaders.load) -> LoadedModel
 inputs (inspector.inputspec) -> InputFactory -> Inputs
 capture (inspector.capture) -> CaptureResult
 passes (inspector.passes) read a Context and fill `ctx.report`.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -14,7 +13,9 @@ from server.api import compare, create, health, ops, reports
 from server.api.errors import install_error_handlers
 from server.api.middleware import FORM_SLACK_BYTES, BodyLimit
 from server.db import make_engine, make_session_factory
+from server.pages import router as pages_router
 from server.readcache import ReadCache
+from server.reportpage import router as report_page_router
 from server.settings import Settings, get_settings
 from server.storage import UploadStore
 
@@ -39,10 +40,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(module.router)
     if STATIC_DIR.is_dir():
         app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-    if importlib.util.find_spec("server.pages") is not None:  # the front end's HTML pages
-        from server.pages import router as pages_router
-        from server.reportpage import router as report_page_router
-
-        app.include_router(pages_router)
-        app.include_router(report_page_router)
+    app.include_router(pages_router)
+    app.include_router(report_page_router)
     return app

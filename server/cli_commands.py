@@ -1,6 +1,7 @@
 """The server commands behind `inspector serve`, `inspector worker`, `inspector db upgrade`.
 
-`inspector/cli.py` imports this module lazily, so `inspector inspect` never loads the web stack.
+`server.commands` (the parsers) imports this module when a command runs, so `inspector inspect`
+never loads the web stack.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ from pydantic import ValidationError
 from sqlalchemy import Select, Text, cast, func, or_, select
 from sqlalchemy.orm import Session, defer, selectinload
 
-from inspector.presets_data import PRESETS, preset_names
 from inspector.report import Report
+from inspector.schema.presets import PRESETS, preset_names
 from inspector.units import ACCELERATOR_BUDGETS, format_bytes, format_count
 from server.api.errors import ApiError
 from server.auth import identify

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from api_support import api_env
 
-from inspector.presets_data import PRESETS
+from inspector.schema.presets import PRESETS
 from server.jobs import JobSpec, _job_json
 
 SPEC = '{"dims": {"B": 1, "S": 64}}'

@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from inspector.context import Inputs
 from inspector.errors import InputMismatchError, UserCodeError
 from inspector.fit import check_inputs_fit, expectation
-from inspector.loading import load_model
+from inspector.loaders.load import load_model
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 

@@ -16,7 +16,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from inspector.errors import LoadError
-from inspector.loading import _optional_loader, load_model
+from inspector.loaders.load import load_model
 
 ROOT = Path(__file__).parent.parent
 EXAMPLES = ROOT / "examples"
@@ -278,19 +278,14 @@ def test_unknown_source_kind(tmp_path: Path) -> None:
         load_model(str(path))
 
 
-def test_optional_loader_missing_module_says_unsupported() -> None:
-    with pytest.raises(LoadError, match="kind preset:NAME are not supported"):
-        _optional_loader("inspector._h1_no_such_module", "load_preset", "preset:NAME")
-
-
 def test_preset_and_config_dispatch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     calls = []
-    presets = types.ModuleType("inspector.presets")
+    presets = types.ModuleType("inspector.loaders.presets")
     presets.load_preset = lambda name, **kw: calls.append(("preset", name, kw)) or "P"
-    hfconfig = types.ModuleType("inspector.hfconfig")
+    hfconfig = types.ModuleType("inspector.loaders.hfconfig")
     hfconfig.load_config = lambda path, **kw: calls.append(("config", path, kw)) or "C"
-    monkeypatch.setitem(sys.modules, "inspector.presets", presets)
-    monkeypatch.setitem(sys.modules, "inspector.hfconfig", hfconfig)
+    monkeypatch.setitem(sys.modules, "inspector.loaders.presets", presets)
+    monkeypatch.setitem(sys.modules, "inspector.loaders.hfconfig", hfconfig)
     config = tmp_path / "config.json"
     config.write_text("{}")
     assert load_model("preset:gpt2-small") == "P"

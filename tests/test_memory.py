@@ -15,7 +15,7 @@ from inspector.context import (
     LoadedModel,
     Options,
 )
-from inspector.fakebuild import building_under
+from inspector.loaders.fakebuild import building_under
 from inspector.memory.measure import measure
 from inspector.memory.optimizer import make_optimizer, optimizer_state_bytes, state_bytes_of
 from inspector.memory.scaling import (

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options
-from inspector.fakebuild import building_under
+from inspector.loaders.fakebuild import building_under
 from inspector.memory.advice import subtree_bytes
 from inspector.memory.shadow import new_fake_mode
 from inspector.passes import memory as memory_pass

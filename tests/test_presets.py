@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from inspector.errors import LoadError
-from inspector.fakebuild import skip_init
-from inspector.hfconfig import load_config
-from inspector.presets import PRESETS, load_preset
+from inspector.loaders.fakebuild import skip_init
+from inspector.loaders.hfconfig import load_config
+from inspector.loaders.presets import PRESETS, load_preset
 
 
 def _fake_mode():

@@ -10,10 +10,8 @@ import zipfile
 
 import pytest
 
-from inspector.citags import ci_tags
-from inspector.cli import main
-from inspector.errors import InputSpecError, LoadError
-from inspector.gates import (
+from inspector.ci.citags import ci_tags
+from inspector.ci.gates import (
     check_budgets,
     check_findings,
     check_increases,
@@ -21,7 +19,9 @@ from inspector.gates import (
     gates_table,
     parse_increase,
 )
-from inspector.upload_source import resolve_input, resolve_model
+from inspector.ci.upload_source import resolve_input, resolve_model
+from inspector.cli import main
+from inspector.errors import InputSpecError, LoadError
 
 GiB = 1024**3
 FIGS = {"params": 110, "flops_forward": 2000, "train_peak_bytes": 21 * GiB,
@@ -151,8 +151,8 @@ def test_the_client_needs_only_httpx_and_pydantic():
     """What CI installs (`pip install --no-deps` + httpx, pydantic) is enough to submit."""
     code = BLOCKER + (
         "from inspector.cli import main\n"
-        "from inspector.gates import gates_markdown, check_findings\n"
-        "import inspector.submit, inspector.client\n"
+        "from inspector.ci.gates import gates_markdown, check_findings\n"
+        "import inspector.ci.submit, inspector.ci.client\n"
         "assert gates_markdown([check_findings({}, 'error')]).endswith('All gates passed.**')\n"
         "raise SystemExit(main(['submit', '--help']))\n"
     )

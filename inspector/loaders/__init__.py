@@ -1,1 +1,1 @@
-"""One module per model source kind; `inspector.loading.load_model` dispatches to them."""
+"""One module per model source kind; `inspector.loaders.load.load_model` dispatches to them."""

@@ -21,8 +21,8 @@ from torch import nn
 
 from inspector.context import LoadedModel
 from inspector.errors import LoadError
-from inspector.fakebuild import building_under
 from inspector.loaders.factories import ExampleFactory
+from inspector.loaders.fakebuild import building_under
 from inspector.loaders.usercode import syntax_error_location, user_code_error
 
 __all__ = ["split_source", "load_python"]

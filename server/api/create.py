@@ -10,7 +10,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 
-from inspector.presets_data import PRESETS, preset_names
+from inspector.schema.presets import PRESETS, preset_names
 from server.api import queries
 from server.api.dispatch import enqueue, require_sandbox
 from server.api.errors import ApiError

@@ -12,8 +12,8 @@ from typing import Any
 
 from inspector.context import LoadedModel
 from inspector.errors import LoadError
-from inspector.fakebuild import building_under
-from inspector.presets_data import PRESETS, Preset, preset_names
+from inspector.loaders.fakebuild import building_under
+from inspector.schema.presets import PRESETS, Preset, preset_names
 
 __all__ = ["PRESETS", "Preset", "load_preset", "preset_names"]
 
@@ -24,7 +24,7 @@ def load_preset(name: str, *, fake_mode: Any = None, device: str = "cpu") -> Loa
     if preset is None:
         raise LoadError(f"unknown preset {name!r}. Presets: {', '.join(preset_names())}.")
     if preset.config:
-        from inspector.hfconfig import build_from_config
+        from inspector.loaders.hfconfig import build_from_config
 
         loaded = build_from_config(
             preset.config, name=f"preset:{name}", fake_mode=fake_mode, device=device
@@ -41,7 +41,7 @@ def load_preset(name: str, *, fake_mode: Any = None, device: str = "cpu") -> Loa
 
 
 def _own_model(preset: Preset, fake_mode: Any, device: str) -> LoadedModel:
-    from inspector.zoo.resnet import ResNet50
+    from inspector.loaders.zoo.resnet import ResNet50
 
     with building_under(fake_mode, device):
         model = ResNet50()

@@ -14,10 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from inspector.citags import ci_tags
-from inspector.client import InspectorClient, progress_printer
-from inspector.errors import UserError
-from inspector.gates import (
+from inspector.ci.citags import ci_tags
+from inspector.ci.client import InspectorClient, progress_printer
+from inspector.ci.gates import (
     FIGURES,
     GateResult,
     check_budgets,
@@ -27,8 +26,9 @@ from inspector.gates import (
     gates_table,
     parse_increase,
 )
+from inspector.ci.upload_source import resolve_input, resolve_model
+from inspector.errors import UserError
 from inspector.units import format_bytes, format_count, parse_size
-from inspector.upload_source import resolve_input, resolve_model
 
 __all__ = ["add_arguments", "submit", "SubmitError", "EXIT_OK", "EXIT_GATES", "EXIT_ERROR"]
 

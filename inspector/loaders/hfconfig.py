@@ -14,7 +14,7 @@ from typing import Any
 
 from inspector.context import LoadedModel
 from inspector.errors import LoadError
-from inspector.fakebuild import building_under
+from inspector.loaders.fakebuild import building_under
 
 __all__ = ["load_config", "build_from_config", "default_spec"]
 

@@ -7,7 +7,6 @@ Every source is untrusted: the service only calls this inside its sandboxed chil
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Any
 
@@ -29,16 +28,18 @@ def load_model(source: str, *, fake_mode: Any = None, device: str = "cpu") -> Lo
     Raises `LoadError` with what was wrong, where, and what to do.
     """
     if source.startswith("preset:"):
-        loader = _optional_loader("inspector.presets", "load_preset", "preset:NAME")
-        return loader(source.removeprefix("preset:"), fake_mode=fake_mode, device=device)
+        from inspector.loaders.presets import load_preset  # transformers, only when asked
+
+        return load_preset(source.removeprefix("preset:"), fake_mode=fake_mode, device=device)
     path, entry = split_source(source)
     lower = path.lower()
     if lower.endswith(".py"):
         return load_python(path, entry, fake_mode=fake_mode, device=device)
     _require_file(path)
     if lower.endswith(".json"):
-        loader = _optional_loader("inspector.hfconfig", "load_config", "config.json")
-        return loader(path, fake_mode=fake_mode, device=device)
+        from inspector.loaders.hfconfig import load_config  # transformers, only when asked
+
+        return load_config(path, fake_mode=fake_mode, device=device)
     if lower.endswith(_PICKLE_SUFFIXES):
         raise LoadError(
             f"{os.path.basename(path)} is a pickle file: whole pickled objects run code when "
@@ -58,17 +59,3 @@ def load_model(source: str, *, fake_mode: Any = None, device: str = "cpu") -> Lo
 def _require_file(path: str) -> None:
     if not os.path.isfile(path):
         raise LoadError(f"model file not found: {path}", hint="Check the path and try again.")
-
-
-def _optional_loader(module: str, func: str, kind: str) -> Any:
-    """The loader of a source kind implemented in another module, when it exists."""
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name != module:
-            raise
-        raise LoadError(
-            f"model sources of the kind {kind} are not supported by this version.",
-            hint="Give file.py:entry, a .pt2 (torch.export) or a TorchScript file.",
-        ) from None
-    return getattr(mod, func)

@@ -13,8 +13,8 @@ from typing import Any, TextIO
 
 import httpx
 
+from inspector.ci.upload_source import InputUpload, ModelUpload
 from inspector.errors import UserError
-from inspector.upload_source import InputUpload, ModelUpload
 
 __all__ = ["ClientError", "InspectorClient", "FINAL_STATUSES", "progress_printer"]
 

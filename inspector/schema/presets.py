@@ -1,7 +1,7 @@
 """The built-in presets as data: names, published parameter counts, HF configs, inputs.
 
 No torch here: the web process lists presets and checks names without importing it.
-`inspector.presets.load_preset` builds them.
+`inspector.loaders.presets.load_preset` builds them.
 """
 
 from __future__ import annotations

@@ -48,8 +48,9 @@ from pages_data import synthetic_report  # noqa: E402
 from pages_server import insert_job  # noqa: E402
 from sqlalchemy import func, select  # noqa: E402
 
+from inspector.schema.statuses import FINAL_STATUSES  # noqa: E402
 from server.db import make_engine, make_session_factory  # noqa: E402
-from server.models import FINAL_STATUSES, Job  # noqa: E402
+from server.models import Job  # noqa: E402
 
 POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 REDIS = "redis://127.0.0.1:6379/0"

@@ -24,6 +24,16 @@ from inspector import __version__
 from inspector.ci.submit import add_arguments as add_submit_arguments
 from inspector.ci.submit import submit as run_submit
 from inspector.errors import InputSpecError, UserError
+from inspector.schema.options import (
+    AUTOCAST_DTYPES,
+    DEFAULT_DEVICE,
+    DEFAULT_DTYPE,
+    DEFAULT_EXPORT,
+    DEFAULT_OPTIMIZER,
+    DEVICES,
+    EXPORT_LEVELS,
+    OPTIMIZERS,
+)
 from inspector.units import parse_size
 
 if TYPE_CHECKING:
@@ -34,8 +44,6 @@ if TYPE_CHECKING:
 
 __all__ = ["main", "build_parser", "read_input_arg"]
 
-OPTIMIZERS = ("none", "sgd", "momentum", "adam", "adamw")  # = inspector.context.OPTIMIZERS
-DTYPES = ("float32", "bf16", "fp16")  # = inspector.context.DTYPES
 ALL_DEPTHS = sys.maxsize
 
 
@@ -102,10 +110,12 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
         help='input spec as JSON (\'{"x": {"shape": ["B", 3, 224, 224]}, "dims": {"B": 8}}\'), '
         "a .json file holding one, or a tensor file (.pt, .safetensors)",
     )
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--device", choices=DEVICES, default=DEFAULT_DEVICE)
     p.add_argument("--fake", action="store_true", help="fake tensors: allocate no weights")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    p.add_argument("--dtype", choices=DTYPES, default="float32", help="activation dtype")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=DEFAULT_OPTIMIZER)
+    p.add_argument(
+        "--dtype", choices=AUTOCAST_DTYPES, default=DEFAULT_DTYPE, help="activation dtype"
+    )
     p.add_argument(
         "--budget",
         action="append",
@@ -126,8 +136,8 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--export",
-        choices=("none", "fast", "all"),
-        default="fast",
+        choices=EXPORT_LEVELS,
+        default=DEFAULT_EXPORT,
         help="export readiness: fast = torch.export non-strict and TorchScript (default); "
         "all adds strict torch.export and ONNX (slower)",
     )

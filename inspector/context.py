@@ -16,25 +16,23 @@ import torch
 from torch import nn
 
 from inspector.report import CaptureAttempt, Report
+from inspector.schema.options import DEFAULT_DTYPE, DEFAULT_EXPORT, DEFAULT_OPTIMIZER
 
 __all__ = ["Options", "Inputs", "InputFactory", "LoadedModel", "CaptureResult", "Context"]
-
-OPTIMIZERS = ("none", "sgd", "momentum", "adam", "adamw")
-DTYPES = ("float32", "bf16", "fp16")
 
 
 @dataclass
 class Options:
     device: str = "cpu"  # resolved: "cpu" or "cuda" ("auto" is resolved by the caller)
     fake: bool = False  # fake tensors: no weights or activations allocated
-    optimizer: str = "adamw"
-    dtype: str = "float32"  # activation dtype under autocast: float32, bf16, fp16
+    optimizer: str = DEFAULT_OPTIMIZER  # inspector.schema.options.OPTIMIZERS
+    dtype: str = DEFAULT_DTYPE  # activation dtype under autocast: AUTOCAST_DTYPES
     budgets_bytes: list[int] = field(default_factory=list)  # besides the accelerator sizes
     depth: int | None = None  # display only
     seed: int = 0
     passes: set[str] | None = None  # None: every pass
     measure: bool = True  # measure real memory when not fake (costs one real step)
-    export: str = "fast"  # export readiness: none, fast (non-strict export, TorchScript), all
+    export: str = DEFAULT_EXPORT  # export readiness: EXPORT_LEVELS
     # overrides of the health thresholds (inspector.health.thresholds.DEFAULTS)
     thresholds: dict[str, float] = field(default_factory=dict)
 

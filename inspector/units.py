@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["format_bytes", "format_count", "parse_size", "ACCELERATOR_BUDGETS"]
+__all__ = ["format_bytes", "format_count", "format_flops", "parse_size", "ACCELERATOR_BUDGETS"]
 
 _BINARY = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
 _DECIMAL = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
@@ -50,3 +50,13 @@ def format_count(n: int | float | None) -> str:
             return f"{sign}{n:.0f}" if unit == "" else f"{sign}{n:.2f}{unit}"
         n /= 1000
     raise AssertionError("unreachable")
+
+
+def format_flops(n: int | float | None) -> str:
+    """4_110_000_000 -> '4.11 GFLOPs' (decimal prefixes, a multiply-add = 2 FLOPs)."""
+    if n is None:
+        return "-"
+    text = format_count(n)
+    if text[-1].isalpha():
+        return f"{text[:-1]} {text[-1]}FLOPs"
+    return f"{text} FLOPs"

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import delete, or_, select, union
 from sqlalchemy.orm import Session
 
+from inspector.schema.statuses import FINAL_STATUSES
 from server.db import make_engine, make_session_factory, session_scope
-from server.models import FINAL_STATUSES, Job, Tag, Upload, utcnow
+from server.models import Job, Tag, Upload, utcnow
 from server.settings import Settings
 from server.storage import UploadStore
 

@@ -22,11 +22,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 __all__ = [
     "Base", "Job", "Tag", "Upload", "ApiToken", "UploadEvent",
-    "JOB_STATUSES", "FINAL_STATUSES", "new_slug", "utcnow",
+    "new_slug", "utcnow",
 ]  # fmt: skip
 
-JOB_STATUSES = ("queued", "running", "done", "failed", "timed_out", "out_of_memory", "killed")
-FINAL_STATUSES = ("done", "failed", "timed_out", "out_of_memory", "killed")
 
 # The whole report: JSONB on Postgres (indexable, compact), JSON text elsewhere.
 JSONType = JSON().with_variant(JSONB(), "postgresql")

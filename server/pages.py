@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, defer, selectinload
 
 from inspector.report import Report
 from inspector.schema.presets import PRESETS, preset_names
+from inspector.schema.statuses import JOB_STATUSES, status_label
 from inspector.units import ACCELERATOR_BUDGETS, format_bytes, format_count
 from server.api.errors import ApiError
 from server.auth import identify
@@ -36,8 +37,6 @@ __all__ = ["router", "templates", "summary_cards", "compare_view"]
 router = APIRouter(tags=["pages"])
 _ROOT = Path(__file__).resolve().parent.parent
 PER_PAGE = 25
-RUNNING = ("queued", "running")
-STATUSES = ("queued", "running", "done", "failed", "timed_out", "out_of_memory", "killed")
 SEVERITIES = ("error", "warning", "info")
 
 # What a user can do about each kind of failure.
@@ -69,7 +68,7 @@ def _make_env() -> Environment:
     env = Environment(loader=FileSystemLoader(_ROOT / "templates"), autoescape=True)
     env.trim_blocks = env.lstrip_blocks = True
     env.filters.update(bytes=format_bytes, count=format_count, shape=_shape, pct=_pct)
-    env.filters["status_label"] = lambda s: (s or "").replace("_", " ")
+    env.filters["status_label"] = status_label
     env.filters["when"] = lambda t: t.strftime("%Y-%m-%d %H:%M UTC") if t else "-"
     # Key order carries meaning in reports (forward order); sorting also costs time.
     env.policies["json.dumps_kwargs"] = {"sort_keys": False}
@@ -82,7 +81,7 @@ templates = Jinja2Templates(env=_make_env())
 def render(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
     settings = getattr(request.app.state, "settings", None)
     unconfined = bool(settings and getattr(settings, "sandbox", "") == "none")
-    context.update(unconfined=unconfined, statuses=STATUSES)
+    context.update(unconfined=unconfined, statuses=JOB_STATUSES)
     return templates.TemplateResponse(request, name, context, status_code=status_code)
 
 
@@ -294,7 +293,7 @@ def reports_page(
     if not may_list(request, session):
         return render(request, "sign_in.html", status_code=401)
     q, page = q.strip()[:200], max(page, 1)
-    status = status if status in STATUSES else ""
+    status = status if status in JOB_STATUSES else ""
     jobs, total = _search(session, q=q, status=status, page=page)
     pages = max(1, math.ceil(total / PER_PAGE))
     return render(

@@ -19,13 +19,13 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from inspector.schema.statuses import RUNNING_STATUSES
 from server.api.errors import ApiError
 from server.api.queries import is_done
 from server.auth import known_identity
 from server.db import SessionDep, release
 from server.models import Job
 from server.pages import (
-    RUNNING,
     error_of,
     job_and_text,
     may_list,
@@ -125,7 +125,7 @@ def _build_report_page(request: Request, session: Session, slug: str) -> Cached 
     job, text = job_and_text(session, slug)
     if job is None:
         return not_found(request, "report")
-    if job.status in RUNNING:
+    if job.status in RUNNING_STATUSES:
         return render(request, "progress.html", job=job)
     report, raw = parse_report(text)
     if job.status != "done":

@@ -15,10 +15,10 @@ import httpx
 
 from inspector.ci.upload_source import InputUpload, ModelUpload
 from inspector.errors import UserError
+from inspector.schema.statuses import FINAL_STATUSES
 
-__all__ = ["ClientError", "InspectorClient", "FINAL_STATUSES", "progress_printer"]
+__all__ = ["ClientError", "InspectorClient", "progress_printer"]
 
-FINAL_STATUSES = ("done", "failed", "timed_out", "out_of_memory", "killed")
 _HINTS = {
     401: "Give a valid API token: --token or $INSPECTOR_TOKEN (an operator creates one with "
     "`inspector token create NAME`).",

@@ -28,6 +28,7 @@ from inspector.ci.gates import (
 )
 from inspector.ci.upload_source import resolve_input, resolve_model
 from inspector.errors import UserError
+from inspector.schema.options import AUTOCAST_DTYPES, DEVICES, OPTIMIZERS
 from inspector.units import format_bytes, format_count, parse_size
 
 __all__ = ["add_arguments", "submit", "SubmitError", "EXIT_OK", "EXIT_GATES", "EXIT_ERROR"]
@@ -70,9 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _add_analysis(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--optimizer", choices=("none", "sgd", "momentum", "adam", "adamw"))
-    p.add_argument("--dtype", choices=("float32", "bf16", "fp16"))
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--optimizer", choices=OPTIMIZERS)
+    p.add_argument("--dtype", choices=AUTOCAST_DTYPES)
+    p.add_argument("--device", choices=DEVICES)
     p.add_argument("--fake", action="store_true", help="fake tensors: no weights allocated")
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from inspector.report import Report
-from inspector.units import format_bytes, format_count
+from inspector.units import format_bytes, format_count, format_flops
 
 __all__ = [
     "Figure",
@@ -27,16 +27,6 @@ __all__ = [
 GIB = 1024**3
 # The budgets the summaries quote: a common 24 GiB card and an 80 GiB datacentre one.
 SUMMARY_BUDGETS = (24 * GIB, 80 * GIB)
-
-
-def format_flops(n: int | float | None) -> str:
-    """4_110_000_000 -> '4.11 GFLOPs' (decimal prefixes, a multiply-add = 2 FLOPs)."""
-    if n is None:
-        return "-"
-    text = format_count(n)
-    if text[-1].isalpha():
-        return f"{text[:-1]} {text[-1]}FLOPs"
-    return f"{text} FLOPs"
 
 
 def format_shape(shape: Sequence[int | str]) -> str:

@@ -10,6 +10,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 
+from inspector.schema.options import (
+    AUTOCAST_DTYPES,
+    DEFAULT_DTYPE,
+    DEFAULT_EXPORT,
+    DEFAULT_OPTIMIZER,
+    DEVICES,
+    OPTIMIZERS,
+)
 from inspector.schema.presets import PRESETS, preset_names
 from server.api import queries
 from server.api.dispatch import enqueue, require_sandbox
@@ -151,13 +159,14 @@ def create_report(
     input_file: UploadFile | None = File(None, description="tensors: .pt or .safetensors"),
     name: str | None = Form(None),
     tags: list[str] = Form([], description="key=value, comma-separated or repeated"),
-    optimizer: str = Form("adamw"),
-    dtype: str = Form("float32"),
-    device: str | None = Form(None, description="auto, cpu or cuda"),
+    optimizer: str = Form(DEFAULT_OPTIMIZER, description=", ".join(OPTIMIZERS)),
+    dtype: str = Form(DEFAULT_DTYPE, description=", ".join(AUTOCAST_DTYPES)),
+    device: str | None = Form(None, description=", ".join(DEVICES)),
     fake: bool = Form(False, description="fake tensors: no weights or activations allocated"),
     budget: str | None = Form(None, description="memory budgets, e.g. 24GiB,80GiB"),
     export: str = Form(
-        "fast", description="export readiness: none, fast (export, TorchScript), all (+ONNX)"
+        DEFAULT_EXPORT,
+        description="export readiness: none, fast (export, TorchScript), all (+ONNX)",
     ),
 ) -> CreatedReport:
     """Upload a model (and its input) to be inspected; returns the report's links."""

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from inspector.schema.options import (
+    DEFAULT_EXPORT,
+    OptionError,
+    autocast_dtype,
+    device_choice,
+    export_level,
+    optimizer_choice,
+)
 from inspector.units import parse_size
 from server.api.errors import ApiError
 
-__all__ = ["parse_tags", "parse_options", "parse_name", "OPTIMIZERS"]
+__all__ = ["parse_tags", "parse_options", "parse_name"]
 
-OPTIMIZERS = ("none", "sgd", "momentum", "adam", "adamw")
-_DTYPE_ALIASES = {
-    "float32": "float32", "fp32": "float32", "float": "float32",
-    "bf16": "bf16", "bfloat16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16",
-}  # fmt: skip
-DEVICES = ("auto", "cpu", "cuda")
 MAX_TAGS = 50
 
 
@@ -48,9 +49,6 @@ def parse_name(name: str | None, default: str) -> str:
     return text
 
 
-EXPORT_LEVELS = ("none", "fast", "all")  # inspector.context.Options.export
-
-
 def parse_options(
     *,
     optimizer: str,
@@ -59,28 +57,19 @@ def parse_options(
     fake: bool,
     budget: str | None,
     default_device: str,
-    export: str = "fast",
+    export: str = DEFAULT_EXPORT,
 ) -> dict[str, Any]:
     """The options the job child hands to `inspector.analyze` (names of `Options` fields)."""
-    optimizer = optimizer.strip().lower()
-    if optimizer not in OPTIMIZERS:
-        raise _invalid(f"optimizer {optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
-    if dtype.strip().lower() not in _DTYPE_ALIASES:
-        raise _invalid(f"dtype {dtype!r}: use float32, bf16 or fp16")
-    device = (device or default_device).strip().lower()
-    if device not in DEVICES:
-        raise _invalid(f"device {device!r}: use auto, cpu or cuda")
-    export = export.strip().lower()
-    if export not in EXPORT_LEVELS:
-        raise _invalid(f"export {export!r}: use {', '.join(EXPORT_LEVELS)}")
-    return {
-        "optimizer": optimizer,
-        "dtype": _DTYPE_ALIASES[dtype.strip().lower()],
-        "device": device,
-        "fake": fake,
-        "budgets_bytes": _budgets(budget),
-        "export": export,
-    }
+    try:
+        chosen = {
+            "optimizer": optimizer_choice(optimizer),
+            "dtype": autocast_dtype(dtype),
+            "device": device_choice(device or default_device),
+            "export": export_level(export),
+        }
+    except OptionError as exc:
+        raise _invalid(str(exc)) from None
+    return {**chosen, "fake": fake, "budgets_bytes": _budgets(budget)}
 
 
 def _budgets(text: str | None) -> list[int]:

@@ -13,7 +13,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from sqlalchemy import Engine, case, func, select, text
 
-from server.models import JOB_STATUSES, Job
+from inspector.schema.statuses import JOB_STATUSES
+from server.models import Job
 
 __all__ = ["router", "readiness", "metrics_text", "DURATION_BUCKETS_S"]
 

@@ -9,6 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 from sqlalchemy.orm import Session
 
+from inspector.schema.statuses import FINAL_STATUSES, JOB_STATUSES
 from server.api import queries
 from server.api.dispatch import enqueue, require_sandbox
 from server.api.errors import ApiError
@@ -24,7 +25,7 @@ from server.auth import (
     UploaderDep,
 )
 from server.db import SessionDep, release
-from server.models import FINAL_STATUSES, JOB_STATUSES, Job
+from server.models import Job
 from server.readcache import Cached, CacheKey, ReadCache, cached_response
 from server.storage import UploadStore
 

@@ -11,22 +11,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from inspector.report import Report, failed_report
+from inspector.schema.statuses import STATUS_OF_KIND
 from server.sandbox.childfiles import read_child_file, read_child_json
 from server.sandbox.runner import Outcome
 
-__all__ = ["Ending", "failure", "ending_from_outcome", "STATUS_OF_KIND"]
+__all__ = ["Ending", "failure", "ending_from_outcome"]
 
 MAX_REPORT_BYTES = 64 * 1024**2
 MAX_ERROR_BYTES = 1024**2
 TEXT_CAP = 16 * 1024  # message and traceback as stored
 OUTPUT_CAP = 4 * 1024  # the tail of the child's stdout/stderr kept with an error
-STATUS_OF_KIND = {
-    "user_error": "failed",
-    "internal": "failed",
-    "out_of_memory": "out_of_memory",
-    "timed_out": "timed_out",
-    "killed": "killed",
-}
 ADVICE = {
     "timed_out": "Try fake tensors (fake=true) or a smaller input, or ask the operator "
     "to raise INSPECTOR_JOB_TIMEOUT_S.",

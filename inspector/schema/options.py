@@ -1,0 +1,75 @@
+"""The analysis options: choices, defaults and their normal forms.
+
+`inspector.context.Options`, the CLI's flags, the upload form and the API, and
+`inspector submit` all take their choices from here; each check raises `OptionError`
+with one message, whichever front end the value came through.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "OptionError",
+    "OPTIMIZERS",
+    "DEFAULT_OPTIMIZER",
+    "AUTOCAST_DTYPES",
+    "DEFAULT_DTYPE",
+    "DEVICES",
+    "DEFAULT_DEVICE",
+    "EXPORT_LEVELS",
+    "DEFAULT_EXPORT",
+    "optimizer_choice",
+    "autocast_dtype",
+    "device_choice",
+    "export_level",
+]
+
+# Optimizer state in the memory figures; "none" means forward and backward only.
+OPTIMIZERS = ("none", "sgd", "momentum", "adam", "adamw")
+DEFAULT_OPTIMIZER = "adamw"
+
+# The activation dtype under autocast, by canonical name; the aliases people write.
+AUTOCAST_DTYPES = ("float32", "bf16", "fp16")
+DEFAULT_DTYPE = "float32"
+_DTYPE_ALIASES = {
+    "float32": "float32", "fp32": "float32", "float": "float32",
+    "bf16": "bf16", "bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16",
+}  # fmt: skip
+
+DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_DEVICE = "auto"
+
+# Export readiness: none; fast (non-strict torch.export, TorchScript); all (+ strict, ONNX).
+EXPORT_LEVELS = ("none", "fast", "all")
+DEFAULT_EXPORT = "fast"
+
+
+class OptionError(ValueError):
+    """An option value outside its choices; the message names the choices."""
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    key = value.strip().lower()
+    if key not in choices:
+        raise OptionError(f"{name} {value!r}: use one of {', '.join(choices)}")
+    return key
+
+
+def optimizer_choice(value: str) -> str:
+    return _choice("optimizer", value, OPTIMIZERS)
+
+
+def device_choice(value: str) -> str:
+    return _choice("device", value, DEVICES)
+
+
+def export_level(value: str) -> str:
+    return _choice("export", value, EXPORT_LEVELS)
+
+
+def autocast_dtype(value: str) -> str:
+    """'bfloat16' -> 'bf16': the canonical name of an autocast dtype."""
+    key = value.strip().lower().removeprefix("torch.")
+    if key not in _DTYPE_ALIASES:
+        raise OptionError(f"dtype {value!r}: use one of {', '.join(AUTOCAST_DTYPES)}")
+    return _DTYPE_ALIASES[key]

@@ -1,5 +1,8 @@
 """The input spec: JSON that says which tensors to feed the model, with named dims.
 
+The grammar is `inspector.schema.inputspec` (torch-free, shared with the web process);
+this module turns a parsed spec into tensors and checks it against the model's `forward`.
+
 ```
 {"x": {"shape": ["B", 3, 224, 224]}, "dims": {"B": 32}}          keyword inputs
 [{"shape": [8, 16]}, {"shape": [8, 4], "dtype": "int64", "high": 10}]   positional inputs
@@ -15,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,24 +28,31 @@ from inspector.context import InputFactory, Inputs, LoadedModel
 from inspector.errors import InputSpecError
 from inspector.loaders.signature import check_signature, suggest_spec
 from inspector.loaders.tensorfile import TENSOR_SUFFIXES, load_tensor_file
+from inspector.schema.inputspec import (
+    SPEC_DTYPES,
+    TensorDecl,
+    default_int_high,
+    parse_spec_text,
+    spec_dtype,
+)
 
 __all__ = ["DTYPES", "TensorSpec", "SpecFactory", "parse_input", "parse_dtype"]
 
-DTYPES: dict[str, torch.dtype] = {
-    **dict.fromkeys(("float32", "float", "fp32"), torch.float32),
-    **dict.fromkeys(("float16", "half", "fp16"), torch.float16),
-    **dict.fromkeys(("bfloat16", "bf16"), torch.bfloat16),
-    **dict.fromkeys(("float64", "double", "fp64"), torch.float64),
-    **dict.fromkeys(("int64", "long"), torch.int64),
-    **dict.fromkeys(("int32", "int"), torch.int32),
-    **dict.fromkeys(("int16", "short"), torch.int16),
+# Canonical spec dtype names (inspector.schema.inputspec) -> torch dtypes.
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
     "int8": torch.int8,
     "uint8": torch.uint8,
     "bool": torch.bool,
 }
-_TENSOR_KEYS = {"shape", "dtype", "low", "high"}
-_DIM_NAME = re.compile(r"[A-Za-z_]\w*")
-_DEFAULT_INT_HIGH = 10
+# Every name a spec may use -> its torch dtype.
+DTYPES: dict[str, torch.dtype] = {name: TORCH_DTYPES[c] for name, c in SPEC_DTYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,10 @@ class TensorSpec:
     low: float | None
     high: float | None
     where: str
+
+    @classmethod
+    def of(cls, decl: TensorDecl) -> TensorSpec:
+        return cls(decl.shape, TORCH_DTYPES[decl.dtype], decl.low, decl.high, decl.where)
 
     def make(self, dims: dict[str, int], device: str) -> torch.Tensor:
         """A random tensor; under an active FakeTensorMode the factories make it fake."""
@@ -71,7 +84,7 @@ class TensorSpec:
 
 
 def _default_high(dtype: torch.dtype, low: int) -> int:
-    return low + (2 if dtype == torch.bool else _DEFAULT_INT_HIGH)
+    return default_int_high("bool" if dtype == torch.bool else "int", low)
 
 
 class SpecFactory(InputFactory):
@@ -128,7 +141,7 @@ def parse_input(text_or_path: str | None, loaded: LoadedModel) -> InputFactory:
     if text_or_path is None or not text_or_path.strip():
         return _own_inputs(loaded)
     text = text_or_path.strip()
-    if text[0] in '{["':
+    if text[0] in '{["' or _decodes(text):  # JSON text, whatever the API would be sent
         return _from_json(text, loaded)
     if text.lower().endswith(TENSOR_SUFFIXES):
         factory = load_tensor_file(text, loaded.model)
@@ -146,6 +159,14 @@ def parse_input(text_or_path: str | None, loaded: LoadedModel) -> InputFactory:
     )
 
 
+def _decodes(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _own_inputs(loaded: LoadedModel) -> InputFactory:
     if loaded.inputs is not None:
         return loaded.inputs
@@ -157,34 +178,17 @@ def _own_inputs(loaded: LoadedModel) -> InputFactory:
 
 
 def _from_json(text: str, loaded: LoadedModel) -> InputFactory:
-    try:
-        spec = json.loads(text)
-    except json.JSONDecodeError as exc:
-        line = text.splitlines()[exc.lineno - 1] if text.splitlines() else ""
-        raise InputSpecError(
-            f"the input spec is not valid JSON: {exc.msg} at line {exc.lineno}, "
-            f"column {exc.colno}\n    {line}\n    {' ' * (exc.colno - 1)}^",
-            hint='A spec looks like {"x": {"shape": ["B", 3, 224, 224]}, "dims": {"B": 8}}.',
-        ) from None
-    if isinstance(spec, list):
-        args = tuple(_parse_node(v, f"[{i}]") for i, v in enumerate(spec))
-        return _finish(args, {}, {}, spec, loaded)
-    if not isinstance(spec, dict):
-        raise InputSpecError(
-            f"the input spec must be a JSON object or list, not {_json_type(spec)}."
-        )
-    dims = _parse_dims(spec.get("dims", {}))
-    if set(spec) == {"dims"}:
-        return _override_dims(loaded, dims, spec)
-    kwargs = {k: _parse_node(v, k) for k, v in spec.items() if k != "dims"}
-    return _finish((), kwargs, dims, spec, loaded)
-
-
-def _finish(args: tuple, kwargs: dict, dims: dict, spec: object, loaded: LoadedModel):
-    factory = SpecFactory(args, kwargs, dims, spec)
-    _check_dims_given(factory)
+    parsed = parse_spec_text(text)  # the grammar the web process checks too
+    if parsed.dims_only:
+        return _override_dims(loaded, parsed.dims, parsed.raw)
+    args, kwargs = tree_map(_torch_leaf, (parsed.args, parsed.kwargs))
+    factory = SpecFactory(tuple(args), dict(kwargs), parsed.dims, parsed.raw)
     check_signature(loaded.model, len(args), kwargs)
     return factory
+
+
+def _torch_leaf(node: Any) -> Any:
+    return TensorSpec.of(node) if isinstance(node, TensorDecl) else node
 
 
 def _override_dims(loaded: LoadedModel, dims: dict[str, int], spec: dict) -> InputFactory:
@@ -204,121 +208,6 @@ def _override_dims(loaded: LoadedModel, dims: dict[str, int], spec: dict) -> Inp
     return DimsOverride(base, dims, spec)
 
 
-def _check_dims_given(factory: SpecFactory) -> None:
-    for spec in factory.tensor_specs():
-        for d in spec.shape:
-            if isinstance(d, str) and d not in factory.dims:
-                example = {**factory.dims, d: 8}
-                raise InputSpecError(
-                    f"dim {d!r} in the shape of {spec.where} has no value.",
-                    hint=f'Add it to "dims", e.g. "dims": {json.dumps(example)}.',
-                )
-
-
-def _parse_dims(raw: Any) -> dict[str, int]:
-    if not isinstance(raw, dict):
-        raise InputSpecError(f'"dims" must be an object like {{"B": 8}}, not {_json_type(raw)}.')
-    for name, value in raw.items():
-        if not _DIM_NAME.fullmatch(name):
-            raise InputSpecError(f'dim name {name!r} in "dims" is not a name (use e.g. B, S).')
-        if not _is_int(value) or value <= 0:
-            raise InputSpecError(
-                f'dim {name!r} in "dims" is {json.dumps(value)}: a size must be a positive integer.'
-            )
-    return dict(raw)
-
-
-def _parse_node(node: Any, where: str) -> Any:
-    """A TensorSpec, a tuple or dict of nodes, or a scalar passed as is."""
-    if isinstance(node, dict) and "shape" in node:
-        return _parse_tensor(node, where)
-    if isinstance(node, dict):
-        return {k: _parse_node(v, f"{where}.{k}") for k, v in node.items()}
-    if isinstance(node, list):
-        return tuple(_parse_node(v, f"{where}[{i}]") for i, v in enumerate(node))
-    return node
-
-
-def _parse_tensor(node: dict, where: str) -> TensorSpec:
-    extra = sorted(set(node) - _TENSOR_KEYS)
-    if extra:
-        raise InputSpecError(
-            f"{where}: unknown key {extra[0]!r} in a tensor spec "
-            f"(a tensor has {', '.join(sorted(_TENSOR_KEYS))})."
-        )
-    shape = node["shape"]
-    if not isinstance(shape, list):
-        raise InputSpecError(f'{where}: "shape" must be a list, not {_json_type(shape)}.')
-    for d in shape:
-        _check_dim_entry(d, where)
-    dtype = parse_dtype(node.get("dtype", "float32"), where)
-    low, high = _parse_bounds(node, dtype, where)
-    return TensorSpec(tuple(shape), dtype, low, high, where)
-
-
-def _check_dim_entry(d: Any, where: str) -> None:
-    if isinstance(d, str):
-        if not _DIM_NAME.fullmatch(d):
-            raise InputSpecError(f"{where}: shape entry {d!r} is not a dim name (use e.g. B, S).")
-    elif not _is_int(d):
-        raise InputSpecError(
-            f"{where}: shape entry {json.dumps(d)} must be a positive integer or a dim name."
-        )
-    elif d <= 0:
-        raise InputSpecError(f"{where}: shape entry {d} must be a positive size.")
-
-
 def parse_dtype(name: Any, where: str = "dtype") -> torch.dtype:
     """torch dtype from a spec name: "float32", "fp16", "bf16", "int64", "torch.long", ..."""
-    key = name.removeprefix("torch.").lower() if isinstance(name, str) else name
-    if key not in DTYPES:
-        raise InputSpecError(
-            f"{where}: unknown dtype {json.dumps(name)}.",
-            hint=f"Use one of: {', '.join(DTYPES)}.",
-        )
-    return DTYPES[key]
-
-
-def _parse_bounds(node: dict, dtype: torch.dtype, where: str) -> tuple[Any, Any]:
-    low, high = node.get("low"), node.get("high")
-    for key, value in (("low", low), ("high", high)):
-        ok = _is_int(value) if not dtype.is_floating_point else _is_number(value)
-        if value is not None and not ok:
-            kind = "a number" if dtype.is_floating_point else "an integer"
-            raise InputSpecError(f'{where}: "{key}" must be {kind}, not {json.dumps(value)}.')
-    effective_high = high
-    if high is None and not dtype.is_floating_point:
-        effective_high = _default_high(dtype, int(low or 0))
-    lo = low if low is not None else 0
-    if effective_high is not None and effective_high <= lo:
-        raise InputSpecError(
-            f'{where}: "low" ({lo}) must be below "high" ({effective_high}); '
-            "values are drawn from [low, high)."
-        )
-    if not dtype.is_floating_point and dtype != torch.bool:
-        _check_int_range(dtype, lo, effective_high, where)
-    return low, high
-
-
-def _check_int_range(dtype: torch.dtype, low: int, high: int, where: str) -> None:
-    info = torch.iinfo(dtype)
-    if low < info.min or high - 1 > info.max:
-        raise InputSpecError(
-            f"{where}: values in [{low}, {high}) do not fit {dtype} "
-            f"(range [{info.min}, {info.max}])."
-        )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _json_type(value: Any) -> str:
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
-    if value is None:
-        return "null"
-    return names.get(type(value), "a number")
+    return TORCH_DTYPES[spec_dtype(name, where)]

@@ -6,34 +6,12 @@ and the CLI all show the same numbers.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from inspector.report import Module, Report
+from inspector.schema.figures import FIGURES
 
-__all__ = ["compare_reports", "delta", "FIGURES"]
-
-
-def _findings(severity: str) -> Callable[[Report], int]:
-    return lambda r: sum(1 for f in r.findings if f.severity == severity)
-
-
-# name -> how to read it off a report. Every figure here is "lower is cheaper".
-FIGURES: dict[str, Callable[[Report], int | float | None]] = {
-    "params": lambda r: r.totals.params,
-    "trainable_params": lambda r: r.totals.trainable_params,
-    "flops_forward": lambda r: r.totals.flops_forward,
-    "flops_backward": lambda r: r.totals.flops_backward,
-    "param_bytes": lambda r: r.totals.param_bytes,
-    "grad_bytes": lambda r: r.memory.grad_bytes,
-    "optimizer_bytes": lambda r: r.memory.optimizer_bytes,
-    "saved_activation_bytes": lambda r: r.memory.saved_activation_bytes,
-    "forward_peak_bytes": lambda r: r.memory.forward_peak_bytes,
-    "train_peak_bytes": lambda r: r.memory.train_peak_bytes,
-    "node_count": lambda r: r.capture.node_count,
-    "findings_errors": _findings("error"),
-    "findings_warnings": _findings("warning"),
-}
+__all__ = ["compare_reports", "delta"]
 
 
 def delta(a: int | float | None, b: int | float | None) -> dict[str, Any]:
@@ -50,7 +28,7 @@ def delta(a: int | float | None, b: int | float | None) -> dict[str, Any]:
 def compare_reports(a: Report, b: Report) -> dict[str, Any]:
     """What changed from `a` (the baseline) to `b`."""
     return {
-        "summary": {name: delta(get(a), get(b)) for name, get in FIGURES.items()},
+        "summary": {key: delta(f.read(a), f.read(b)) for key, f in FIGURES.items()},
         "max_batch": _max_batch(a, b),
         "modules": _modules(a, b),
         "findings": _findings_diff(a, b),

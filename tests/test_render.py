@@ -208,7 +208,7 @@ def test_optional_columns_and_sections_only_with_data() -> None:
 def test_memory_block() -> None:
     out = render(make_report(**FULL_MEMORY))
     assert "Optimizer state" in out and "89.18 MiB" in out  # 2 * 11,689,512 * 4 / 2**20
-    assert "Training peak" in out and "4.00 GiB at layer1.0.conv1 (backward)" in out
+    assert "Training-step peak" in out and "4.00 GiB at layer1.0.conv1 (backward)" in out
     assert "Forward peak" in out and "512.00 MiB at conv1" in out
     assert "24 GiB: 190 · 80 GiB: 640 (batch = B)" in out
     # advice, biggest saving first
@@ -253,7 +253,7 @@ def test_markdown_key_figures() -> None:
     md = render_markdown(make_report(**FULL_MEMORY))
     rows = {_cells(r)[0]: _cells(r)[1] for r in _table_rows(md)[2:]}
     assert rows["Parameters"] == "11.69M"
-    assert rows["Training peak"] == "4.00 GiB"
+    assert rows["Training-step peak"] == "4.00 GiB"
     assert rows["Largest batch @ 24 GiB"] == "190"
     assert rows["Largest batch @ 80 GiB"] == "640"
     assert "**Capture:** export (failed: fx: TraceError at model.py:12" in md
@@ -261,7 +261,7 @@ def test_markdown_key_figures() -> None:
 
 def test_markdown_skips_figures_not_computed() -> None:
     md = render_markdown(make_report())  # no memory section
-    assert "Training peak" not in md and "Parameters" in md
+    assert "Training-step peak" not in md and "Parameters" in md
 
 
 def test_markdown_deltas_against_baseline() -> None:
@@ -276,7 +276,7 @@ def test_markdown_deltas_against_baseline() -> None:
     # (11,689,512 - 10,000,000) / 10,000,000 = +16.9%; the difference 1,689,512 = 1.69M
     assert deltas["Parameters"] == "▲ +1.69M (+16.9%)"
     # (4 - 8) / 8 = -50.0%
-    assert deltas["Training peak"] == "▼ −4.00 GiB (−50.0%)"
+    assert deltas["Training-step peak"] == "▼ −4.00 GiB (−50.0%)"
     # (190 - 95) / 95 = +100.0%
     assert deltas["Largest batch @ 24 GiB"] == "▲ +95 (+100.0%)"
     assert deltas["Largest batch @ 80 GiB"] == "no change"

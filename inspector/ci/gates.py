@@ -12,10 +12,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from inspector.units import format_bytes, format_count, parse_size
+from inspector.schema.figures import FIGURES as REPORT_FIGURES
+from inspector.schema.figures import Figure
+from inspector.units import parse_size
 
 __all__ = [
-    "FIGURES",
+    "GATE_FIGURES",
     "GateResult",
     "Increase",
     "parse_increase",
@@ -28,12 +30,13 @@ __all__ = [
 
 Verdict = Literal["pass", "fail", "skipped"]
 
-# CLI name -> (summary key, label, is a byte count)
-FIGURES: dict[str, tuple[str, str, bool]] = {
-    "train_peak": ("train_peak_bytes", "Training-step peak", True),
-    "forward_peak": ("forward_peak_bytes", "Forward peak", True),
-    "params": ("params", "Parameters", False),
-    "flops": ("flops_forward", "Forward FLOPs", False),
+# The CLI's short name of each figure a gate can check -> the figure (label, unit, key
+# of the report row the API returns).
+GATE_FIGURES: dict[str, Figure] = {
+    "train_peak": REPORT_FIGURES["train_peak_bytes"],
+    "forward_peak": REPORT_FIGURES["forward_peak_bytes"],
+    "params": REPORT_FIGURES["params"],
+    "flops": REPORT_FIGURES["flops_forward"],
 }
 
 
@@ -52,7 +55,7 @@ class GateResult:
 
 @dataclass(frozen=True)
 class Increase:
-    figure: str  # a key of FIGURES
+    figure: str  # a key of GATE_FIGURES
     amount: float  # percent, or an absolute amount (bytes or count)
     percent: bool
 
@@ -60,13 +63,13 @@ class Increase:
 def _fmt(figure: str, value: float | None) -> str:
     if value is None:
         return "not computed"
-    return format_bytes(value) if FIGURES[figure][2] else format_count(value)
+    return GATE_FIGURES[figure].format(value)
 
 
 def _figure(name: str) -> str:
     key = name.strip().lower().replace("-", "_")
-    if key not in FIGURES:
-        raise ValueError(f"unknown figure {name!r}: use one of {', '.join(FIGURES)}")
+    if key not in GATE_FIGURES:
+        raise ValueError(f"unknown figure {name!r}: use one of {', '.join(GATE_FIGURES)}")
     return key
 
 
@@ -86,10 +89,10 @@ def parse_increase(text: str) -> Increase:
 
 
 def check_budgets(figures: Mapping[str, Any], budgets: Mapping[str, float]) -> list[GateResult]:
-    """`budgets`: FIGURES name -> the largest allowed value."""
+    """`budgets`: GATE_FIGURES name -> the largest allowed value."""
     results = []
     for name, limit in budgets.items():
-        key, label, _ = FIGURES[name]
+        key, label = GATE_FIGURES[name].key, GATE_FIGURES[name].label
         value = figures.get(key)
         verdict: Verdict = "fail" if value is None or value > limit else "pass"
         note = "the report has no such figure" if value is None else ""
@@ -111,7 +114,7 @@ def check_increases(
 def _increase(
     figures: Mapping[str, Any], baseline: Mapping[str, Any] | None, inc: Increase
 ) -> GateResult:
-    key, label, _ = FIGURES[inc.figure]
+    key, label = GATE_FIGURES[inc.figure].key, GATE_FIGURES[inc.figure].label
     limit = f"+{inc.amount:g}%" if inc.percent else f"+{_fmt(inc.figure, inc.amount)}"
     value, old = figures.get(key), (baseline or {}).get(key)
 

@@ -17,7 +17,7 @@ from typing import Any
 from inspector.ci.citags import ci_tags
 from inspector.ci.client import InspectorClient, progress_printer
 from inspector.ci.gates import (
-    FIGURES,
+    GATE_FIGURES,
     GateResult,
     check_budgets,
     check_findings,
@@ -28,8 +28,9 @@ from inspector.ci.gates import (
 )
 from inspector.ci.upload_source import resolve_input, resolve_model
 from inspector.errors import UserError
+from inspector.schema.figures import FIGURES
 from inspector.schema.options import AUTOCAST_DTYPES, DEVICES, OPTIMIZERS
-from inspector.units import format_bytes, format_count, parse_size
+from inspector.units import parse_size
 
 __all__ = ["add_arguments", "submit", "SubmitError", "EXIT_OK", "EXIT_GATES", "EXIT_ERROR"]
 
@@ -93,7 +94,7 @@ def _add_gates(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-increase", action="append", default=[], type=_increase,
                    metavar="FIGURE=LIMIT",
                    help=f"vs the baseline, e.g. train_peak=10%% or params=1e6; figures: "
-                   f"{', '.join(FIGURES)}; repeatable")  # fmt: skip
+                   f"{', '.join(GATE_FIGURES)}; repeatable")  # fmt: skip
 
 
 def _size(text: str) -> int:
@@ -216,11 +217,9 @@ def _gates(
 
 # -- output -----------------------------------------------------------------------------
 
-_SUMMARY = (
-    ("Parameters", "params", format_count),
-    ("Forward FLOPs", "flops_forward", format_count),
-    ("Training-step peak", "train_peak_bytes", format_bytes),
-    ("Forward peak", "forward_peak_bytes", format_bytes),
+# The figures of the API's report row the summary prints.
+_SUMMARY = tuple(
+    FIGURES[key] for key in ("params", "flops_forward", "train_peak_bytes", "forward_peak_bytes")
 )
 
 
@@ -228,8 +227,8 @@ def _print_summary(
     body: dict, baseline: dict | None, gates: list[GateResult], baseline_spec: str | None
 ) -> None:
     print(f"Report {body['name']!r}: {body['url']}")
-    for label, key, fmt in _SUMMARY:
-        print(f"  {label:<20} {fmt(body.get(key))}")
+    for figure in _SUMMARY:
+        print(f"  {figure.label:<20} {figure.format(body.get(figure.key))}")
     print(f"  {'Findings':<20} {body['findings_errors']} errors, "
           f"{body['findings_warnings']} warnings")  # fmt: skip
     if baseline is not None:

@@ -8,7 +8,7 @@ which lives on the CPU unless the optimizer is fused or capturable.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -16,23 +16,25 @@ from inspector.memory.tracker import storage_key
 
 __all__ = ["make_optimizer", "optimizer_state_bytes", "state_bytes_of", "STATE_COPIES"]
 
+# For each name of inspector.schema.options.OPTIMIZERS: the torch optimizer it stands
+# for (None: no optimizer) and how many copies of each parameter its state keeps.
+_OPTIMIZERS: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None] = {
+    "none": None,
+    "sgd": lambda params: torch.optim.SGD(params, lr=1e-3),
+    "momentum": lambda params: torch.optim.SGD(params, lr=1e-3, momentum=0.9),
+    "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3),
+}
 STATE_COPIES = {"none": 0, "sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
 _STEP_SCALAR_BYTES = 4  # torch.tensor(0.0, dtype=float32)
 
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
     """The optimizer an option name stands for (torch defaults otherwise), None for 'none'."""
-    if name == "none":
-        return None
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3)
-    if name == "momentum":
-        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=1e-3)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-3)
-    raise ValueError(f"unknown optimizer {name!r}; use one of {', '.join(STATE_COPIES)}")
+    if name not in _OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; use one of {', '.join(_OPTIMIZERS)}")
+    factory = _OPTIMIZERS[name]
+    return None if factory is None else factory(params)
 
 
 def optimizer_state_bytes(

@@ -23,9 +23,11 @@ from inspector.memory.step import warm_up
 from inspector.memory.tracker import LiveTracker
 from inspector.report import SetupEstimate
 
-__all__ = ["Measured", "setups", "step_costs", "OPTIMIZERS"]
+__all__ = ["Measured", "setups", "step_costs", "COMPARED_OPTIMIZERS"]
 
-OPTIMIZERS = ("sgd", "momentum", "adamw")
+# The optimizers the set-ups table compares side by side (a subset of the schema's choices:
+# adam keeps the same state as adamw, none is not a training set-up).
+COMPARED_OPTIMIZERS = ("sgd", "momentum", "adamw")
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class Measured:
 def setups(m: Measured) -> list[SetupEstimate]:
     """Every optimizer x {measured dtype, bf16} x {no checkpointing, every block}."""
     dtypes = [m.dtype] + (["bf16"] if m.bf16_fb_peak_bytes is not None else [])
-    names = [n for n in OPTIMIZERS if n in m.step]
+    names = [n for n in COMPARED_OPTIMIZERS if n in m.step]
     if m.optimizer not in names:
         names.append(m.optimizer)
     rows = []

@@ -166,7 +166,7 @@ def _advice(ctx: Context, mem: Memory, a: Analysis) -> None:
 def _setups(ctx: Context, mem: Memory, a: Analysis) -> None:
     """The same model under the other optimizers, bf16 autocast and checkpointing."""
     trainable = [p for p in unique_tensors(a.model.parameters()) if p.requires_grad]
-    names = sorted(set(setups.OPTIMIZERS) | {ctx.options.optimizer})
+    names = sorted(set(setups.COMPARED_OPTIMIZERS) | {ctx.options.optimizer})
     mode = a.opts.fake_mode or _fake_mode()
     blocks = [x.saving_bytes for x in mem.advice if x.kind == "checkpoint"]
     every = next((x.saving_bytes for x in mem.advice if x.kind == "checkpoint-all"), 0)

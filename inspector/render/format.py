@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from inspector.report import Report
-from inspector.units import format_bytes, format_count, format_flops
+from inspector.schema.figures import FIGURES, SUMMARY_FIGURES
+from inspector.units import format_bytes, format_flops
 
 __all__ = [
     "Figure",
@@ -80,15 +81,8 @@ class Figure:
 
 def key_figures(report: Report) -> list[Figure]:
     """The figures a summary quotes, in order; values are None when not computed."""
-    totals, memory = report.totals, report.memory
     figures = [
-        Figure("Parameters", totals.params, format_count),
-        Figure("Trainable", totals.trainable_params, format_count),
-        Figure("Forward FLOPs", totals.flops_forward, format_flops),
-        Figure("Param memory", memory.param_bytes or totals.param_bytes, format_bytes),
-        Figure("Saved activations", memory.saved_activation_bytes, format_bytes),
-        Figure("Forward peak", memory.forward_peak_bytes, format_bytes),
-        Figure("Training peak", memory.train_peak_bytes, format_bytes),
+        Figure(f.label, f.read(report), f.format) for f in (FIGURES[key] for key in SUMMARY_FIGURES)
     ]
     for budget in SUMMARY_BUDGETS:
         label = f"Largest batch @ {budget_label(budget)}"

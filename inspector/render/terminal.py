@@ -23,6 +23,7 @@ from inspector.render.format import (
     format_shapes,
 )
 from inspector.report import Finding, Memory, Module, Report
+from inspector.schema.figures import FIGURES
 from inspector.units import format_bytes, format_count
 
 __all__ = ["render_terminal", "visible_modules", "AUTO_DEPTH", "BIG_TREE"]
@@ -250,23 +251,30 @@ def _grid(title: str, lines: Iterable[tuple[str, str | Text]]) -> Group | None:
     return Group(Text(f"\n{title}", style="bold"), grid)
 
 
+def _label(key: str) -> str:
+    return FIGURES[key].label
+
+
 def _summary(report: Report) -> Group | None:
     t = report.totals
     if not (t.params or t.flops_forward or report.modules):
         return None
     params = f"{format_count(t.params)} ({t.params:,})"
-    lines = [("Parameters", params), ("Trainable", format_count(t.trainable_params))]
+    lines = [
+        (_label("params"), params),
+        (_label("trainable_params"), format_count(t.trainable_params)),
+    ]
     if t.frozen_params:
         lines.append(("Frozen", format_count(t.frozen_params)))
     if t.tied_params:
         lines.append(("Tied (counted once)", format_count(t.tied_params)))
     by_dtype = ", ".join(f"{k} {format_bytes(v)}" for k, v in t.param_bytes_by_dtype.items())
-    lines.append(("Param bytes", by_dtype or format_bytes(t.param_bytes)))
+    lines.append((_label("param_bytes"), by_dtype or format_bytes(t.param_bytes)))
     if t.buffers:
         lines.append(("Buffers", f"{format_count(t.buffers)} ({format_bytes(t.buffer_bytes)})"))
-    lines.append(("Forward FLOPs", format_flops(t.flops_forward)))
+    lines.append((_label("flops_forward"), format_flops(t.flops_forward)))
     if t.flops_backward:
-        lines.append(("Backward FLOPs", format_flops(t.flops_backward)))
+        lines.append((_label("flops_backward"), format_flops(t.flops_backward)))
     return _grid("Summary", lines)
 
 
@@ -276,14 +284,10 @@ def _memory(report: Report) -> Group | None:
     if m.optimizer:
         dtypes = [f"{what} {dtype}" for what, dtype in _dtypes(m) if dtype]
         lines.append(("Optimizer", m.optimizer + (f" ({', '.join(dtypes)})" if dtypes else "")))
-    for label, value in (
-        ("Parameters", m.param_bytes),
-        ("Gradients", m.grad_bytes),
-        ("Optimizer state", m.optimizer_bytes),
-        ("Saved activations", m.saved_activation_bytes),
-    ):
+    for key in ("param_bytes", "grad_bytes", "optimizer_bytes", "saved_activation_bytes"):
+        value = getattr(m, key)
         if value is not None:
-            lines.append((label, format_bytes(value)))
+            lines.append((_label(key), format_bytes(value)))
     lines += _peak_lines(report)
     if not lines:
         return None
@@ -300,11 +304,12 @@ def _peak_lines(report: Report) -> list[tuple[str, str]]:
     lines = []
     if m.forward_peak_bytes is not None:
         where = f" at {m.forward_peak_node}" if m.forward_peak_node else ""
-        lines.append(("Forward peak", format_bytes(m.forward_peak_bytes) + where))
+        lines.append((_label("forward_peak_bytes"), format_bytes(m.forward_peak_bytes) + where))
     if m.train_peak_bytes is not None:
         where = f" at {m.train_peak_node}" if m.train_peak_node else ""
         phase = f" ({m.train_peak_phase})" if m.train_peak_phase else ""
-        lines.append(("Training peak", format_bytes(m.train_peak_bytes) + where + phase))
+        peak = format_bytes(m.train_peak_bytes) + where + phase
+        lines.append((_label("train_peak_bytes"), peak))
     measured = m.measured
     if measured is not None and measured.train_peak_bytes is not None:
         text = f"{format_bytes(measured.train_peak_bytes)} ({measured.method}, {measured.device})"

@@ -296,7 +296,7 @@ def _result(body: dict, baseline: dict | None, gates: list[GateResult], exit_cod
     keep = ("slug", "name", "status", "url", "api_url", "tags", "error", "report")
     return {
         **{k: body.get(k) for k in keep},
-        "figures": {key: body.get(key) for _, key, _ in _SUMMARY},
+        "figures": {figure.key: body.get(figure.key) for figure in _SUMMARY},
         "baseline": {k: baseline.get(k) for k in ("slug", "name", "url")} if baseline else None,
         "gates": [g.to_dict() for g in gates],
         "passed": exit_code == EXIT_OK,

@@ -62,20 +62,14 @@ def worker() -> int:
     settings = _settings()
     if settings is None:
         return 2
-    try:
-        from server.worker import run_worker
-    except ImportError as exc:
-        print(f"error: the worker is not available in this install ({exc})", file=sys.stderr)
-        return 2
+    from server.worker import run_worker  # the queue and sandbox stack, on demand
+
     return int(run_worker(settings) or 0)
 
 
 def _start_worker(settings: Settings) -> Any:
-    try:
-        from server.worker import start_embedded_worker, start_sweeper
-    except ImportError as exc:
-        log.warning("no embedded worker (%s): uploads will wait in the queue", exc)
-        return None
+    from server.worker import start_embedded_worker, start_sweeper
+
     if not settings.embedded_worker:  # separate `inspector worker` processes run the jobs
         return start_sweeper(settings)
     return start_embedded_worker(settings)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from server.api.errors import ApiError
+from server.sandbox import sandbox_available
 from server.settings import Settings
 
 __all__ = ["require_sandbox", "sandbox_state", "enqueue"]
@@ -26,10 +27,6 @@ def sandbox_state(settings: Settings) -> tuple[bool, str]:
             "Install bubblewrap and set INSPECTOR_SANDBOX=bwrap, or, only for code you trust, "
             "set INSPECTOR_TRUSTED_ONLY=true"
         )
-    try:
-        from server.sandbox import sandbox_available
-    except ImportError as exc:
-        return False, f"uploads are refused: the sandbox is not installed here ({exc})"
     ok, why = sandbox_available()
     if ok:
         return True, why or "bwrap sandbox available"

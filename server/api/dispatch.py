@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from server.api.errors import ApiError
-from server.sandbox import sandbox_available
+from server import sandbox
 from server.settings import Settings
 
 __all__ = ["require_sandbox", "sandbox_state", "enqueue"]
@@ -27,7 +27,7 @@ def sandbox_state(settings: Settings) -> tuple[bool, str]:
             "Install bubblewrap and set INSPECTOR_SANDBOX=bwrap, or, only for code you trust, "
             "set INSPECTOR_TRUSTED_ONLY=true"
         )
-    ok, why = sandbox_available()
+    ok, why = sandbox.sandbox_available()
     if ok:
         return True, why or "bwrap sandbox available"
     return False, (

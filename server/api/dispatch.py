@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 
-from server.api.errors import ApiError
 from server import sandbox
+from server.api.errors import ApiError
 from server.settings import Settings
 
 __all__ = ["require_sandbox", "sandbox_state", "enqueue"]

@@ -30,6 +30,7 @@ from inspector.memory.loss import compute_loss
 from inspector.memory.optimizer import make_optimizer
 from inspector.memory.shadow import clone_inputs, real_shadow
 from inspector.memory.step import StepOptions, unique_tensors, warm_up
+from inspector.nativenoise import native_noise_filtered
 
 __all__ = ["Measurement", "measure", "relative_error"]
 
@@ -152,7 +153,11 @@ class _ProfilerMeter(_Meter):
     def recording(self) -> Iterator[None]:
         from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        # kineto prints USDT lines straight to fd 2 at start and stop
+        with (
+            native_noise_filtered(),
+            profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
+        ):
             yield
         self._collect(prof)
 

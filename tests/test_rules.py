@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from inspector.context import Options
+from inspector.graph.fxcapture import trace_fx
 from inspector.health.adhoc import context_for
 from inspector.passes import findings, gradients, modes, numerics
 from inspector.report import CaptureAttempt, Finding, Module
@@ -125,6 +126,17 @@ class Training(nn.Module):
         return self.lin(x) * (2.0 if self.training else 1.0)
 
 
+class WithConstant(nn.Module):
+    """A tensor made in forward: fx stores it as `_tensor_constant0` while tracing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+
 def conv_bn(bias: bool) -> nn.Module:
     return nn.Sequential(nn.Conv2d(3, 8, 3, bias=bias), nn.BatchNorm2d(8), nn.ReLU())
 
@@ -197,6 +209,7 @@ HEALTHY = [
     ("mode-divergence", lambda: Two(), (x4(),)),
     ("bias-before-batchnorm", lambda: conv_bn(False), (torch.randn(2, 3, 8, 8),)),
     ("tensor-attribute", lambda: WithMask(registered=True), (x4(),)),
+    ("tensor-attribute", WithConstant, (x4(),)),  # fx's own constants are not the model's
     ("inplace-read-later", lambda: Residual(inplace=False), (x4(),)),
     ("values-not-computed", lambda: Two(), (x4(),)),
 ]
@@ -205,6 +218,13 @@ HEALTHY = [
 @pytest.mark.parametrize("rule_id,make,args", HEALTHY, ids=[h[0] for h in HEALTHY])
 def test_rule_quiet_on_healthy_model(rule_id, make, args) -> None:
     assert hits(inspect(make(), *args), rule_id) == []
+
+
+def test_fx_capture_leaves_no_constants_on_the_model() -> None:
+    model = WithConstant()
+    capture = trace_fx(model, (x4(),), {})
+    assert not [n for n in vars(model) if n.startswith("_tensor_constant")]
+    assert capture.graph_module._tensor_constant0.tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
 def test_every_rule_has_a_trigger_test() -> None:

@@ -7,7 +7,8 @@ a leaf, so the rest of the graph is kept; only a failure in the root's own code 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,9 +68,25 @@ def _concrete_args(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any
 def trace_fx(model: nn.Module, args: tuple, kwargs: dict) -> FxCapture:
     """Trace `model`; raises the first error when the root itself cannot be traced."""
     concrete = _concrete_args(model, args, kwargs)
-    graph, tracer, leaves, first = trace_with_leaves(FxTracer, model, concrete or None)
-    gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    with constants_left_off(model):
+        graph, tracer, leaves, first = trace_with_leaves(FxTracer, model, concrete or None)
+        gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
     return FxCapture(gm, sorted(leaves), first)
+
+
+@contextmanager
+def constants_left_off(model: nn.Module) -> Iterator[None]:
+    """fx's tracer stores each tensor constant it meets as `_tensor_constantN` on the
+    traced root, the user's own model; the GraphModule keeps its copy, so on the way out
+    the model gets back the attributes it had (the `tensor-attribute` rule, and anything
+    else that reads the model, must not see ours)."""
+    before = set(vars(model))
+    try:
+        yield
+    finally:
+        for name in set(vars(model)) - before:
+            if name.startswith("_tensor_constant"):
+                delattr(model, name)
 
 
 def trace_with_leaves(

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from inspector.context import CaptureResult, Context, InputFactory, Inputs, LoadedModel, Options
+from inspector.graph.fxcapture import constants_left_off
 from inspector.health.locate import is_user_file
 from inspector.health.state import preserved
 from inspector.report import CaptureAttempt, Module, Node, Report
@@ -72,8 +73,9 @@ def _fx(ctx: Context) -> CaptureResult | None:
     try:
         tracer = torch.fx.Tracer()
         tracer.record_stack_traces = True  # node locations in the user's code
-        graph = tracer.trace(ctx.model)
-        gm = torch.fx.GraphModule(tracer.root, graph)
+        with constants_left_off(ctx.model):
+            graph = tracer.trace(ctx.model)
+            gm = torch.fx.GraphModule(tracer.root, graph)
     except Exception as exc:  # noqa: BLE001 - any tracing failure means: use hooks
         ctx.report.capture.attempts = [CaptureAttempt(method="fx", ok=False, error=str(exc))]
         return None

@@ -286,6 +286,20 @@ def test_mixed_devices_and_dtypes() -> None:
     assert not hits(ctx, "mixed-devices") and not hits(ctx, "mixed-dtypes")
 
 
+def test_a_wider_buffer_beside_narrow_weights_is_not_mixed() -> None:
+    """Llama keeps its rotary inv_freq in float32 beside bf16 weights, on purpose."""
+    model = Two().to(torch.bfloat16)
+    model.b.register_buffer("inv_freq", torch.ones(4, dtype=torch.float32))
+    ctx = context_for(model, (x4().bfloat16(),))
+    findings.run(ctx)
+    assert not hits(ctx, "mixed-dtypes")
+    model = Two()  # float32 weights beside a float16 buffer: narrower, flagged
+    model.b.register_buffer("scale", torch.ones(4, dtype=torch.float16))
+    ctx = context_for(model, (x4(),))
+    findings.run(ctx)
+    assert [f.where for f in hits(ctx, "mixed-dtypes")] == ["b"]
+
+
 def test_capture_failures_are_info_when_a_later_method_worked() -> None:
     class Branchy(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -106,13 +106,21 @@ def mixed_devices(ctx: Context, report: Report) -> Iterator[Finding]:
 
 @rule("mixed-dtypes", "warning")
 def mixed_dtypes(ctx: Context, report: Report) -> Iterator[Finding]:
-    """Floating parameters/buffers in more than one dtype."""
-    first: dict[str, str] = {}
-    for name, tensor in _tensors(ctx.model):
+    """Floating parameters in more than one dtype, or floating buffers narrower than them.
+
+    A buffer wider than the weights is deliberate (Llama's rotary `inv_freq` stays float32
+    beside bf16 weights for precision; so do normalisation statistics), so it is not flagged.
+    """
+    first: dict[torch.dtype, str] = {}
+    for name, tensor in ctx.model.named_parameters():
         if tensor.is_floating_point():
-            first.setdefault(str(tensor.dtype).replace("torch.", ""), name)
+            first.setdefault(tensor.dtype, name)
+    narrowest = min((d.itemsize for d in first), default=None)
+    for name, tensor in ctx.model.named_buffers():
+        if tensor.is_floating_point() and narrowest and tensor.dtype.itemsize < narrowest:
+            first.setdefault(tensor.dtype, name)
     if len(first) > 1:
-        listed = ", ".join(f"{dt} (e.g. {name})" for dt, name in first.items())
+        listed = ", ".join(f"{_dtype_name(d)} (e.g. {name})" for d, name in first.items())
         yield finding(
             "mixed-dtypes",
             list(first.values())[1].rpartition(".")[0],
@@ -120,6 +128,10 @@ def mixed_dtypes(ctx: Context, report: Report) -> Iterator[Finding]:
             "Cast the model once with model.to(dtype), and use torch.autocast for mixed "
             "precision instead of per-layer dtypes.",
         )
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _mutated_arg(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.Node | None:

@@ -15,7 +15,6 @@ from server.api.middleware import FORM_SLACK_BYTES, BodyLimit
 from server.db import make_engine, make_session_factory
 from server.pages import router as pages_router
 from server.readcache import ReadCache
-from server.reportpage import router as report_page_router
 from server.settings import Settings, get_settings
 from server.storage import UploadStore
 
@@ -34,6 +33,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.store = UploadStore(settings.data_dir)
     app.state.read_cache = ReadCache(settings.read_cache_bytes, settings.read_cache_ttl_s)
     app.state.upload_turns = asyncio.Semaphore(create.UPLOADS_AT_ONCE)
+    app.state.metrics = ops.metrics_registry(app.state.session_factory, settings)
     app.add_middleware(BodyLimit, max_bytes=settings.max_upload_bytes + FORM_SLACK_BYTES)
     install_error_handlers(app)
     for module in (create, reports, compare, health, ops):
@@ -41,5 +41,4 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if STATIC_DIR.is_dir():
         app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.include_router(pages_router)
-    app.include_router(report_page_router)
     return app

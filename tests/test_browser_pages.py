@@ -212,6 +212,39 @@ def test_upload_form_lists_entrypoints_inside_a_zip(page, server):
     assert "2 Python files" in page.inner_text("#entry-hint")
 
 
+def test_upload_form_sends_the_chosen_options(browser, tmp_path):
+    from sqlalchemy import select
+
+    from inspector.schema.options import DEFAULT_OPTIMIZER, OPTIMIZERS
+    from server.models import Job
+
+    # Trusted-only, no sandbox: the upload is accepted and queued; no worker runs it.
+    settings = make_settings(tmp_path, sandbox="none", trusted_only=True, device="cpu")
+    with live_server(settings) as srv:
+        page = browser.new_page()
+        page.goto(f"{srv.url}/")
+        choices = page.locator("#opt-optimizer option").evaluate_all("os => os.map(o => o.value)")
+        assert choices == list(OPTIMIZERS)
+        assert page.input_value("#opt-optimizer") == DEFAULT_OPTIMIZER
+        assert page.input_value("#opt-device") == "cpu"  # the server's default device
+        page.select_option("#preset", "gpt2")
+        page.select_option("#opt-optimizer", "sgd")
+        page.select_option("#opt-dtype", "bf16")
+        page.select_option("#opt-export", "none")
+        page.check("#opt-fake")
+        page.fill("#opt-budget", "24GiB, 80GiB")
+        page.click("#submit")
+        page.wait_for_url("**/r/*")
+        slug = page.url.rsplit("/", 1)[1]
+        page.close()
+        with srv.factory() as session:
+            options = session.scalar(select(Job.options).where(Job.slug == slug))
+    assert options == {
+        "optimizer": "sgd", "dtype": "bf16", "device": "cpu", "export": "none", "fake": True,
+        "budgets_bytes": [24 * 1024**3, 80 * 1024**3],
+    }  # fmt: skip
+
+
 @pytest.mark.slow
 def test_upload_through_the_page_and_wait_for_the_report(browser, tmp_path):
     if importlib.util.find_spec("server.worker") is None:

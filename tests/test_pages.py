@@ -1,19 +1,41 @@
 """HTML pages through the real app (TestClient, SQLite): what each page shows, escaping,
-search and pagination, and the view-model figures computed by hand."""
+search and pagination (the same answers as the API), the library's numeric verdicts, the
+upload form's options, and the view-model figures computed by hand."""
 
 from __future__ import annotations
 
 import json
 import re
+from html import unescape
+from types import SimpleNamespace
 
 import pytest
+from api_support import BACKENDS, api_env, upload
 from fastapi.testclient import TestClient
 from pages_data import MIB, small_report, synthetic_report
 from pages_server import insert_job, make_settings
 
+from inspector.report import Node, NumericStats
+from inspector.schema.options import (
+    AUTOCAST_DTYPES,
+    DEFAULT_DTYPE,
+    DEFAULT_EXPORT,
+    DEFAULT_OPTIMIZER,
+    DEVICES,
+    EXPORT_LEVELS,
+    OPTIMIZERS,
+)
 from server.app import create_app
 from server.db import make_engine, make_session_factory
-from server.pages import compare_view, max_batch_rows, numeric_issues, script_json, summary_cards
+from server.pages.compareview import compare_view
+from server.pages.rendering import script_json
+from server.pages.reportview import (
+    NUMERIC_RULES,
+    max_batch_rows,
+    numeric_findings,
+    summary_cards,
+)
+from server.pages.routes import search_filters
 
 XSS_NAME = '<script>window.__xss=1</script><img src=x onerror="window.__xss=2">'
 
@@ -43,9 +65,16 @@ def test_max_batch_rows_sorted_by_budget():
     assert rows == [{"budget": "16.00 GiB", "batch": 16}, {"budget": "80.00 GiB", "batch": 80}]
 
 
-def test_numeric_issues_lists_only_unhealthy_nodes():
-    nodes = [n.model_dump() for n in small_report().nodes]
-    assert numeric_issues(nodes) == [{"node": "relu", "problems": "50% dead"}]
+def test_numeric_findings_are_the_reports_numerics_findings():
+    found = numeric_findings(small_report())  # dead-relu at relu; no-bias-before-norm is not
+    assert [(f.rule, f.where) for f in found] == [("dead-relu", "relu")]
+
+
+def test_numeric_rules_are_the_librarys():
+    from inspector.rules import RULES
+
+    library = {r.id for r in RULES.values() if r.check.__module__ == "inspector.rules.numerics"}
+    assert library == NUMERIC_RULES
 
 
 def test_script_json_cannot_close_the_script_tag():
@@ -221,3 +250,127 @@ def test_training_setups_table(tmp_path):
     rows = table.split("<tr")[2:]  # the header row first
     assert "adamw" in rows[0] and "3.00 MiB" in rows[0] and "(run)" in rows[0]
     assert "sgd" in rows[1] and "every block" in rows[1] and "1.00 MiB" in rows[1]
+
+
+# --- the library's numeric verdicts -----------------------------------------------------------
+
+
+def _library_findings(report, kinds: dict[str, str], stats: dict[str, NumericStats]) -> list:
+    """What inspector.rules.numerics finds for these stats, at the library's thresholds."""
+    from inspector.context import Options
+    from inspector.rules.numerics import dead_relu
+
+    numerics = SimpleNamespace(computed=True, kinds=kinds, stats=stats, first_nan_node=None)
+    ctx = SimpleNamespace(scratch={"numerics": numerics}, options=Options())
+    return list(dead_relu(ctx, report))
+
+
+def test_health_shows_the_librarys_verdicts_not_every_dead_unit(site):
+    from inspector.health.thresholds import DEFAULTS
+
+    limit = DEFAULTS["dead_fraction"]
+    low = NumericStats(min=0.0, max=2.0, dead_fraction=limit / 5)  # dead, but under the limit
+    high = NumericStats(min=0.0, max=2.0, dead_fraction=0.9)
+    report = small_report()
+    report.nodes[2].stats = low  # "relu"
+    late = Node(id=5, name="late_relu", op="call_function", target="torch.relu", stats=high)
+    report.nodes.insert(4, late)
+    report.findings = _library_findings(report, {"relu": "relu", "late_relu": "relu"},
+                                        {"relu": low, "late_relu": high})  # fmt: skip
+    assert [f.where for f in report.findings] == ["late_relu"]  # the library's verdict
+    html = site[0].get(f"/r/{add(site, report, name='dead units')}").text
+    health = html.split('id="health"', 1)[1].split("</section>", 1)[0]
+    assert 'data-where="late_relu"' in health and "dead-relu" in health
+    assert "90% of the features after 'late_relu' are zero" in unescape(health)
+    assert 'data-where="relu"' not in health  # 10% dead: no problem by the library's measure
+
+
+def test_health_says_so_when_the_library_found_nothing(site):
+    report = small_report()
+    report.findings = [f for f in report.findings if f.rule != "dead-relu"]
+    html = site[0].get(f"/r/{add(site, report, name='healthy')}").text
+    health = html.split('id="health"', 1)[1].split("</section>", 1)[0]
+    assert "No numeric findings" in health and "data-where" not in health
+
+
+# --- the list page answers as the API list ----------------------------------------------------
+
+
+def test_search_words_become_the_apis_filters():
+    assert search_filters("resnet  branch=main wide") == ("resnet wide", {"branch": "main"})
+    assert search_filters("branch=main team=vision") == (None, {"branch": "main", "team": "vision"})
+    assert search_filters("=main") == ("=main", {})  # no key: a word of the name
+    assert search_filters("") == (None, {})
+
+
+def _page_list(client: TestClient, params: dict) -> tuple[list[str], int]:
+    html = client.get("/reports", params=params).text
+    slugs = re.findall(r'<a href="/r/([^"]+)" class="job-name">', html)
+    total = re.search(r'<p class="sub">(\d+) reports?', html)
+    return slugs, int(total.group(1)) if total else 0
+
+
+def _api_list(client: TestClient, params: dict) -> tuple[list[str], int]:
+    body = client.get("/api/v1/reports", params={"limit": 25} | params).json()
+    return [item["slug"] for item in body["items"]], body["total"]
+
+
+SEARCHES = [  # (page query, API query, names expected, newest first)
+    ({"q": "resnet"}, {"name": "resnet"}, ["ResNet small", "resnet wide", "resnet base"]),
+    ({"q": "branch=main"}, {"tag": "branch=main"}, ["bert base", "ResNet small", "resnet base"]),
+    ({"status": "failed"}, {"status": "failed"}, ["ResNet small"]),
+    ({"q": "resnet branch=main", "status": "done"},
+     {"name": "resnet", "tag": "branch=main", "status": "done"}, ["resnet base"]),
+    ({"q": "team=vision branch=dev"}, {"tag": ["team=vision", "branch=dev"]}, ["resnet wide"]),
+    ({"q": "100%"}, {"name": "100%"}, ["100% sparse"]),  # % is a character, not a wildcard
+    ({"q": "filler", "page": 2}, {"name": "filler", "offset": 25}, ["filler 01", "filler 00"]),
+    ({}, {}, [f"filler {i:02d}" for i in range(26, 1, -1)]),  # the newest 25 of 33
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_list_page_answers_as_the_api(backend, tmp_path, monkeypatch):
+    jobs = [  # name, status, tags; oldest first
+        ("resnet base", "done", {"branch": "main", "team": "vision"}),
+        ("resnet wide", "done", {"branch": "dev", "team": "vision"}),
+        ("ResNet small", "failed", {"branch": "main"}),
+        ("bert base", "done", {"branch": "main", "family": "resnet"}),  # "resnet" only a tag
+        ("100% sparse", "done", {}),
+        ("100 layers", "queued", {}),
+    ] + [(f"filler {i:02d}", "done", {"batch": "fill"}) for i in range(27)]
+    with api_env(backend, tmp_path, monkeypatch) as env:
+        names = {insert_job(env.factory, None, name=n, status=s, tags=t): n for n, s, t in jobs}
+        for page_query, api_query, expected in SEARCHES:
+            page, api = _page_list(env.client, page_query), _api_list(env.client, api_query)
+            assert page == api, (page_query, api_query)
+            assert [names[slug] for slug in page[0]] == expected, page_query
+    assert api[1] == len(jobs) == 33  # the last search: no filter, 25 of the 33 shown
+
+
+# --- the upload form's options ------------------------------------------------------------------
+
+
+def _select(html: str, name: str) -> tuple[list[str], list[str]]:
+    """The choices of the upload form's select `name`, and the selected ones."""
+    body = re.search(rf'<select id="opt-{name}" name="{name}"[^>]*>(.*?)</select>', html, re.S)
+    choices = re.findall(r'<option value="([^"]+)"', body.group(1))
+    return choices, re.findall(r'<option value="([^"]+)" selected', body.group(1))
+
+
+def test_upload_page_offers_the_schema_options(site):
+    html = site[0].get("/").text
+    assert _select(html, "optimizer") == (list(OPTIMIZERS), [DEFAULT_OPTIMIZER])
+    assert _select(html, "dtype") == (list(AUTOCAST_DTYPES), [DEFAULT_DTYPE])
+    assert _select(html, "export") == (list(EXPORT_LEVELS), [DEFAULT_EXPORT])
+    assert _select(html, "device") == (list(DEVICES), ["auto"])  # Settings.device's default
+    assert 'id="opt-fake" name="fake"' in html and 'id="opt-budget" name="budget"' in html
+
+
+def test_an_upload_with_the_forms_options_records_them(tmp_path, monkeypatch):
+    with api_env("sqlite", tmp_path, monkeypatch, device="cpu") as env:
+        assert _select(env.client.get("/").text, "device")[1] == ["cpu"]  # the server's default
+        form = {"optimizer": "sgd", "dtype": "bf16", "device": "cpu", "export": "none"}
+        r = upload(env, data=form | {"fake": "true", "budget": "24GiB"})
+        assert r.status_code == 201, r.text
+        options = env.job(r.json()["slug"]).options
+    assert options == form | {"fake": True, "budgets_bytes": [24 * 1024**3]}

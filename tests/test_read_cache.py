@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from server.app import create_app
 from server.models import Job
+from server.pages.report import PICKER_TTL_S
 from server.readcache import ENTRY_OVERHEAD_BYTES, ReadCache, accepts_gzip
-from server.reportpage import PICKER_TTL_S
 from server.settings import Settings
 
 TTL_S = 30.0
@@ -255,7 +255,7 @@ def test_the_compare_picker_shows_new_reports_after_a_while(site):
 
 
 def test_a_listed_page_is_the_page_rendered_with_its_choices(tmp_path, monkeypatch):
-    import server.reportpage as reportpage
+    import server.pages.report as reportpage
 
     settings = make_settings(tmp_path / "data", auth="token", trusted_identity_header="X-User")
     site = make_site(settings)

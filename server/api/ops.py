@@ -2,23 +2,41 @@
 
 Metrics are read from the database and the queue at scrape time, not counted in this
 process: with many web and worker processes any one of them gives the same, whole answer.
+`prometheus_client` writes them, from a custom collector (`DeploymentCollector`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-from sqlalchemy import Engine, case, func, select, text
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session, sessionmaker
 
 from inspector.schema.statuses import JOB_STATUSES
-from server.models import Job
+from server.api import queries
 
-__all__ = ["router", "readiness", "metrics_text", "DURATION_BUCKETS_S"]
+__all__ = [
+    "router",
+    "readiness",
+    "DeploymentCollector",
+    "metrics_registry",
+    "metrics_text",
+    "DURATION_BUCKETS_S",
+]
 
 router = APIRouter(tags=["operations"])
+# What generate_latest writes (prometheus_client >= 0.22 names it CONTENT_TYPE_PLAIN_0_0_4).
 PROM_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DURATION_BUCKETS_S = (1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 KILL_CAUSES = ("timed_out", "out_of_memory", "killed")  # the sandbox's watchdogs
@@ -68,58 +86,70 @@ def readyz(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-def _duration_s(dialect: str):  # noqa: ANN202 - a SQL expression
-    if dialect == "postgresql":
-        return func.extract("epoch", Job.finished_at - Job.started_at)
-    return (func.julianday(Job.finished_at) - func.julianday(Job.started_at)) * 86400.0
+class DeploymentCollector:
+    """The whole deployment's figures, read from the database and the queue per scrape."""
+
+    def __init__(self, session_factory: sessionmaker[Session], settings: Any) -> None:
+        self.session_factory = session_factory
+        self.settings = settings
+
+    def describe(self) -> Iterator[Metric]:
+        # The names without a database read: registering the collector reads nothing.
+        return iter(_families())
+
+    def collect(self) -> Iterator[Metric]:
+        with self.session_factory() as session:
+            by_status = queries.count_by_status(session)
+            buckets, total_s, count = queries.run_time_histogram(session, bounds=DURATION_BUCKETS_S)
+        depth, jobs, durations, kills = _families()
+        depth.add_metric([], self._queue_depth())
+        for status in JOB_STATUSES:
+            jobs.add_metric([status], by_status.get(status, 0))
+        bounds = [str(float(b)) for b in DURATION_BUCKETS_S] + ["+Inf"]
+        durations.add_metric([], list(zip(bounds, [*buckets, count], strict=True)), total_s)
+        for cause in KILL_CAUSES:
+            kills.add_metric([cause], by_status.get(cause, 0))
+        return iter((depth, jobs, durations, kills))
+
+    def _queue_depth(self) -> float:
+        from server.queue import get_huey
+
+        try:
+            return float(get_huey(self.settings).pending_count())
+        except Exception:
+            return float("nan")  # the queue is down: say "unknown", not 0
 
 
-def _histogram(conn: Any, dialect: str) -> tuple[list[int], float, int]:
-    duration = _duration_s(dialect)
-    columns = [func.sum(case((duration <= b, 1), else_=0)) for b in DURATION_BUCKETS_S]
-    columns += [func.sum(duration), func.count()]
-    where = (Job.finished_at.is_not(None), Job.started_at.is_not(None))
-    row = conn.execute(select(*columns).where(*where)).one()
-    return [int(v or 0) for v in row[:-2]], float(row[-2] or 0.0), int(row[-1] or 0)
+def _families() -> tuple[Metric, ...]:
+    return (
+        GaugeMetricFamily("inspector_queue_depth", "Job messages waiting in the queue."),
+        GaugeMetricFamily("inspector_jobs", "Jobs in the database by status.", labels=["status"]),
+        HistogramMetricFamily("inspector_job_duration_seconds", "Run time (claim to end)."),
+        CounterMetricFamily(
+            "inspector_sandbox_kills_total",
+            "Jobs the sandbox stopped, by cause.",
+            labels=["cause"],
+        ),
+    )
 
 
-def _gauge(lines: list[str], name: str, help_: str, kind: str = "gauge") -> None:
-    lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
+def metrics_registry(session_factory: sessionmaker[Session], settings: Any) -> CollectorRegistry:
+    """A registry of this app's own (not the process-global one): one app, one deployment."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DeploymentCollector(session_factory, settings))
+    return registry
 
 
-def metrics_text(engine: Engine, settings: Any) -> str:
+def metrics_text(registry: CollectorRegistry) -> str:
     """The Prometheus exposition (text format 0.0.4) of the whole deployment."""
-    from server.queue import get_huey
-
-    with engine.connect() as conn:
-        by_status = dict(conn.execute(select(Job.status, func.count()).group_by(Job.status)).all())
-        buckets, total_s, count = _histogram(conn, engine.dialect.name)
-    try:
-        depth = float(get_huey(settings).pending_count())
-    except Exception:
-        depth = float("nan")  # the queue is down: say "unknown", not 0
-    lines: list[str] = []
-    _gauge(lines, "inspector_queue_depth", "Job messages waiting in the queue.")
-    lines.append(f"inspector_queue_depth {depth}")
-    _gauge(lines, "inspector_jobs", "Jobs in the database by status.")
-    lines += [f'inspector_jobs{{status="{s}"}} {by_status.get(s, 0)}' for s in JOB_STATUSES]
-    _gauge(lines, "inspector_job_duration_seconds", "Run time (claim to end).", "histogram")
-    for bound, n in zip(DURATION_BUCKETS_S, buckets, strict=True):
-        lines.append(f'inspector_job_duration_seconds_bucket{{le="{float(bound)}"}} {n}')
-    lines.append(f'inspector_job_duration_seconds_bucket{{le="+Inf"}} {count}')
-    lines.append(f"inspector_job_duration_seconds_sum {total_s}")
-    lines.append(f"inspector_job_duration_seconds_count {count}")
-    _gauge(lines, "inspector_sandbox_kills_total", "Jobs the sandbox stopped, by cause.", "counter")
-    lines += [
-        f'inspector_sandbox_kills_total{{cause="{c}"}} {by_status.get(c, 0)}' for c in KILL_CAUSES
-    ]
-    return "\n".join(lines) + "\n"
+    return generate_latest(registry).decode()
 
 
 @router.get("/metrics", response_class=PlainTextResponse, include_in_schema=False)
 def metrics(request: Request) -> PlainTextResponse:
+    """Prometheus metrics of the whole deployment; no credentials asked, as before."""
     try:
-        body = metrics_text(request.app.state.engine, request.app.state.settings)
+        body = metrics_text(request.app.state.metrics)
     except Exception as exc:  # the database is down: a scrape failure, not a crash
         body = f"# database unavailable: {type(exc).__name__}\n"
         return PlainTextResponse(body, status_code=503, media_type=PROM_TYPE)

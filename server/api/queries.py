@@ -1,11 +1,14 @@
-"""Data access for the API: keyword-only functions over a Session."""
+"""Data access for the API, the pages and the metrics: keyword-only functions over a
+Session. Every SQL statement of the web layer is here, so a list means the same thing in
+the HTML page and in the API."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import Select, Text, cast, func, select
+from sqlalchemy import ColumnElement, Select, Text, case, cast, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, aliased, defer, selectinload
@@ -13,7 +16,29 @@ from sqlalchemy.orm import Session, aliased, defer, selectinload
 from server.api.errors import ApiError
 from server.models import Job, Tag, Upload, utcnow
 
-__all__ = ["get_job", "is_done", "list_jobs", "queue_position", "ensure_upload", "add_job"]
+__all__ = [
+    "JobLink",
+    "get_job",
+    "find_job_and_report_text",
+    "get_job_and_report_text",
+    "is_done",
+    "list_jobs",
+    "recent_jobs",
+    "recent_done",
+    "queue_position",
+    "ensure_upload",
+    "add_job",
+    "count_by_status",
+    "run_time_histogram",
+]
+
+
+class JobLink(NamedTuple):
+    """Enough of a job to link to it (the report page's "compare with" choices)."""
+
+    slug: str
+    name: str
+    created_at: dt.datetime | None
 
 
 def get_job(session: Session, *, slug: str) -> Job:
@@ -23,18 +48,25 @@ def get_job(session: Session, *, slug: str) -> Job:
     return job
 
 
-def get_job_and_report_text(session: Session, *, slug: str) -> tuple[Job, str | None]:
-    """The job and its report as the stored JSON text: served as is, no parse and
-    re-serialize of megabytes per request."""
+def find_job_and_report_text(session: Session, *, slug: str) -> tuple[Job | None, str | None]:
+    """The job and its report as the stored JSON text, (None, None) when there is no such
+    job: served (or handed to the page's scripts) as is, no parse and re-serialize of
+    megabytes per request."""
     query = (
         select(Job, cast(Job.report_json, Text))
         .options(defer(Job.report_json), selectinload(Job.tags))
         .where(Job.slug == slug)
     )
     row = session.execute(query).first()
-    if row is None:
+    return (row[0], row[1]) if row else (None, None)
+
+
+def get_job_and_report_text(session: Session, *, slug: str) -> tuple[Job, str | None]:
+    """As `find_job_and_report_text`, a 404 when there is no such job."""
+    job, text = find_job_and_report_text(session, slug=slug)
+    if job is None:
         raise ApiError(404, "not_found", f"no report {slug!r}: check the link")
-    return row[0], row[1]
+    return job, text
 
 
 def is_done(session: Session, *, slug: str) -> bool:
@@ -66,12 +98,34 @@ def list_jobs(
     limit: int = 50,
     offset: int = 0,
 ) -> tuple[list[Job], int]:
-    """Newest first; returns (page, total matching)."""
+    """Newest first; returns (page, total matching). The one query behind both lists of
+    reports: `GET /api/v1/reports` and the `/reports` page."""
     filters = {"name": name, "tags": tags or {}, "statuses": statuses}
     total = session.scalar(_filtered(select(func.count(Job.id)), **filters)) or 0
-    page = _filtered(select(Job), **filters).options(selectinload(Job.tags))
-    page = page.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit).offset(offset)
+    page = _newest_first(_filtered(_listing(), **filters)).limit(limit).offset(offset)
     return list(session.scalars(page)), total
+
+
+def recent_jobs(session: Session, *, limit: int) -> list[Job]:
+    """The newest jobs, as `list_jobs` orders them, without counting them all."""
+    return list(session.scalars(_newest_first(_listing()).limit(limit)))
+
+
+def recent_done(session: Session, *, limit: int) -> list[JobLink]:
+    """The newest done jobs, as links."""
+    query = select(Job.slug, Job.name, Job.created_at).where(Job.status == "done")
+    return [JobLink(*r) for r in session.execute(_newest_first(query).limit(limit))]
+
+
+def _listing() -> Select[Any]:
+    # Lists show the summary columns: never the (large) report or error JSON.
+    return select(Job).options(
+        defer(Job.report_json), defer(Job.error_json), selectinload(Job.tags)
+    )
+
+
+def _newest_first(query: Select[Any]) -> Select[Any]:
+    return query.order_by(Job.created_at.desc(), Job.id.desc())
 
 
 def queue_position(session: Session, *, job: Job) -> int | None:
@@ -106,3 +160,28 @@ def add_job(session: Session, *, tags: dict[str, str], **columns: Any) -> Job:
     session.add(job)
     session.flush()
     return job
+
+
+def count_by_status(session: Session) -> dict[str, int]:
+    """How many jobs there are of each status present."""
+    query = select(Job.status, func.count()).group_by(Job.status)
+    return {status: int(n) for status, n in session.execute(query).all()}
+
+
+def run_time_histogram(
+    session: Session, *, bounds: Sequence[float]
+) -> tuple[list[int], float, int]:
+    """Jobs that ran (claim to end): how many took at most each bound (cumulative), the
+    seconds they took in all, and how many they are."""
+    seconds = _run_seconds(session.get_bind().dialect.name)
+    columns = [func.sum(case((seconds <= b, 1), else_=0)) for b in bounds]
+    columns += [func.sum(seconds), func.count()]
+    ran = (Job.finished_at.is_not(None), Job.started_at.is_not(None))
+    row = session.execute(select(*columns).where(*ran)).one()
+    return [int(v or 0) for v in row[:-2]], float(row[-2] or 0.0), int(row[-1] or 0)
+
+
+def _run_seconds(dialect: str) -> ColumnElement[Any]:
+    if dialect == "postgresql":
+        return func.extract("epoch", Job.finished_at - Job.started_at)
+    return (func.julianday(Job.finished_at) - func.julianday(Job.started_at)) * 86400.0

@@ -148,6 +148,13 @@
 
   function showError(text) { errorEl.textContent = text; }
 
+  // --- analysis options: the selects' choices and defaults come from the server (schema).
+  function appendOptions(data) {
+    form.querySelectorAll("select[data-option]").forEach((select) => data.append(select.name, select.value));
+    if ($("opt-fake").checked) data.append("fake", "true");
+    if ($("opt-budget").value.trim()) data.append("budget", $("opt-budget").value.trim());
+  }
+
   async function submit(event) {
     event.preventDefault();
     const preset = presetSelect.value;
@@ -169,6 +176,7 @@
     }
     if ($("name").value.trim()) data.append("name", $("name").value.trim());
     if ($("tags").value.trim()) data.append("tags", $("tags").value.trim().split(/[\s,]+/).join(","));
+    appendOptions(data);
     const button = $("submit");
     button.disabled = true;
     button.textContent = "Uploading…";

@@ -8,56 +8,34 @@ with" choices, spliced into the kept page instead of rendering the report again.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 from collections.abc import Callable
-from typing import NamedTuple
+from functools import partial
 
 from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from inspector.schema.statuses import RUNNING_STATUSES
+from server.api import queries
 from server.api.errors import ApiError
-from server.api.queries import is_done
+from server.api.queries import JobLink
 from server.auth import known_identity
 from server.db import SessionDep, release
-from server.models import Job
-from server.pages import (
-    error_of,
-    job_and_text,
-    may_list,
-    not_found,
-    parse_report,
-    render,
-    report_context,
-    script_json,
-    templates,
-    unreadable,
-)
+from server.pages.access import may_list
+from server.pages.failureview import error_of, unreadable
+from server.pages.rendering import not_found, render, script_json, templates
+from server.pages.reportview import parse_report, report_context
 from server.readcache import Cached, ReadCache, cached_response
 
-__all__ = ["router"]
+__all__ = ["router", "PICKER_TTL_S"]
 
-router = APIRouter()
+router = APIRouter(tags=["pages"])
 
 PICKER_TTL_S = 5.0  # a newly done report shows up in other pages' "compare with" by then
 CHOICES_AT = b'<datalist id="compare-options">'  # report.html: where the choices go
-
-
-class Choice(NamedTuple):
-    """A report the "compare with" picker offers."""
-
-    slug: str
-    name: str
-    created_at: dt.datetime | None
-
-
-def _recent_done(session: Session, *, limit: int) -> list[Choice]:
-    query = select(Job.slug, Job.name, Job.created_at).where(Job.status == "done")
-    return [Choice(*r) for r in session.execute(query.order_by(Job.id.desc()).limit(limit))]
+PICKER_SIZE = 30
 
 
 @router.get("/r/{slug}", response_class=HTMLResponse, include_in_schema=False)
@@ -101,7 +79,7 @@ def _report_page(request: Request, session: Session, slug: str) -> Cached | Resp
     return found
 
 
-def _choices_tag(others: list[Choice]) -> str:
+def _choices_tag(others: list[JobLink]) -> str:
     return hashlib.sha256(repr(others).encode()).hexdigest()
 
 
@@ -115,14 +93,13 @@ def _kept_page(
 ) -> Cached | Response:
     """The kept page `variant` of report `slug`, else what `build()` returns."""
     cache: ReadCache = request.app.state.read_cache
-    return cache.fetch(
-        ("page", slug, variant), build, still_done=lambda: is_done(session, slug=slug), tag=tag
-    )
+    still_done = partial(queries.is_done, session, slug=slug)
+    return cache.fetch(("page", slug, variant), build, still_done=still_done, tag=tag)
 
 
 def _build_report_page(request: Request, session: Session, slug: str) -> Cached | HTMLResponse:
     """The page as a reader without listing rights sees it: no "compare with" choices."""
-    job, text = job_and_text(session, slug)
+    job, text = queries.find_job_and_report_text(session, slug=slug)
     if job is None:
         return not_found(request, "report")
     if job.status in RUNNING_STATUSES:
@@ -139,7 +116,7 @@ def _build_report_page(request: Request, session: Session, slug: str) -> Cached 
     return request.app.state.read_cache.entry(bytes(page.body), "text/html")
 
 
-def _with_choices(request: Request, page: Cached, others: list[Choice], tag: str) -> Cached:
+def _with_choices(request: Request, page: Cached, others: list[JobLink], tag: str) -> Cached:
     """`page` with the "compare with" choices where `report.html` includes them: the same
     bytes as rendering it all with `others`, without parsing and rendering the report again
     each time a new report shows up."""
@@ -149,12 +126,12 @@ def _with_choices(request: Request, page: Cached, others: list[Choice], tag: str
     return request.app.state.read_cache.entry(body, "text/html", tag=tag)
 
 
-def _compare_choices(request: Request, session: Session, slug: str) -> list[Choice] | None:
+def _compare_choices(request: Request, session: Session, slug: str) -> list[JobLink] | None:
     """The "compare with" picker's reports (recent done ones), for listers only (None for
     others). Read at most every PICKER_TTL_S per process, not on every page view."""
     if not may_list(request, session):
         return None
     recent = request.app.state.read_cache.memo(
-        "recent_done", PICKER_TTL_S, lambda: _recent_done(session, limit=30)
+        "recent_done", PICKER_TTL_S, lambda: queries.recent_done(session, limit=PICKER_SIZE)
     )
     return [other for other in recent if other.slug != slug]

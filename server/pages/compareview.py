@@ -1,0 +1,110 @@
+"""The view model of two reports compared: `inspector.compare.compare_reports` arranged
+for compare.html (labels, units, rows)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inspector.compare import compare_reports
+from inspector.report import Report
+from inspector.units import format_bytes, format_count
+from server.pages.formats import pct, shape
+
+__all__ = ["COMPARE_FIGURES", "compare_view"]
+
+# (figure in inspector.compare.FIGURES, label, unit) in display order.
+COMPARE_FIGURES = (
+    ("params", "Parameters", "count"),
+    ("trainable_params", "Trainable parameters", "count"),
+    ("flops_forward", "Forward FLOPs", "count"),
+    ("flops_backward", "Backward FLOPs", "count"),
+    ("forward_peak_bytes", "Forward peak", "bytes"),
+    ("train_peak_bytes", "Training-step peak", "bytes"),
+    ("saved_activation_bytes", "Saved activations", "bytes"),
+    ("param_bytes", "Parameter memory", "bytes"),
+    ("grad_bytes", "Gradient memory", "bytes"),
+    ("optimizer_bytes", "Optimizer state", "bytes"),
+    ("node_count", "Graph nodes", "count"),
+    ("findings_errors", "Errors", "count"),
+    ("findings_warnings", "Warnings", "count"),
+)
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "bytes":
+        return format_bytes(value)
+    return format_count(value) if abs(value) >= 10_000 else f"{value:,}"
+
+
+def _signed(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    return ("+" if value > 0 else "") + _fmt(value, unit) if value else "0"
+
+
+def compare_view(a: Report, b: Report) -> dict[str, Any]:
+    """Summary rows, max-batch deltas, module rows, findings and gradient series."""
+    diff = compare_reports(a, b)
+    return {
+        "summary": _summary_rows(diff["summary"]),
+        "max_batch": _max_batch_deltas(diff.get("max_batch", {})),
+        "modules": _module_rows(diff["modules"]),
+        "unchanged": diff["modules"].get("unchanged", 0),
+        "findings": diff.get("findings", {"added": [], "resolved": []}),
+        "grads": {"a": _grad_series(a), "b": _grad_series(b)},
+    }
+
+
+def _summary_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for key, label, unit in COMPARE_FIGURES:
+        d = summary.get(key)
+        if d is None:
+            continue
+        rows.append({
+            "key": key, "label": label, "a": _fmt(d["a"], unit), "b": _fmt(d["b"], unit),
+            "delta": _signed(d["delta"], unit), "percent": pct(d["percent"]),
+            "direction": d["direction"],
+        })  # fmt: skip
+    return rows
+
+
+def _max_batch_deltas(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"budget": format_bytes(int(k)), **d} for k, d in rows.items() if k.isdigit()]
+
+
+def _module_rows(modules: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = [_one_sided_row("added", m) for m in modules["added"]]
+    rows += [_one_sided_row("removed", m) for m in modules["removed"]]
+    rows += [_changed_row(c) for c in modules["changed"]]
+    return sorted(rows, key=lambda r: r["path"])
+
+
+def _one_sided_row(status: str, module: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "status": status, "path": module["path"], "type": module["type"],
+        "shapes": shape(module["output_shapes"]), "params": format_count(module["params"]),
+    }  # fmt: skip
+
+
+def _changed_row(change: dict[str, Any]) -> dict[str, Any]:
+    c = change["changes"]
+    row = {"status": "changed", "path": change["path"], "type": change["type"]}
+    if "type" in c:
+        row["type"] = f"{c['type']['a']} → {c['type']['b']}"
+    if "output_shapes" in c:
+        row["shapes"] = f"{shape(c['output_shapes']['a'])} → {shape(c['output_shapes']['b'])}"
+    if "params" in c:
+        row["params"] = _signed(c["params"]["delta"], "count")
+    if "output_bytes" in c:
+        row["memory"] = _signed(c["output_bytes"]["delta"], "bytes")
+    if "flops_forward" in c:
+        row["flops"] = _signed(c["flops_forward"]["delta"], "count")
+    return row
+
+
+def _grad_series(report: Report) -> list[dict[str, Any]]:
+    layers = sorted(report.gradients.layers, key=lambda g: g.depth_index)
+    return [{"path": g.module_path, "grad_norm": g.grad_norm} for g in layers]

@@ -30,7 +30,6 @@ from server.db import make_engine, make_session_factory
 from server.pages.compareview import compare_view
 from server.pages.rendering import script_json
 from server.pages.reportview import (
-    NUMERIC_RULES,
     max_batch_rows,
     numeric_findings,
     summary_cards,
@@ -68,13 +67,6 @@ def test_max_batch_rows_sorted_by_budget():
 def test_numeric_findings_are_the_reports_numerics_findings():
     found = numeric_findings(small_report())  # dead-relu at relu; no-bias-before-norm is not
     assert [(f.rule, f.where) for f in found] == [("dead-relu", "relu")]
-
-
-def test_numeric_rules_are_the_librarys():
-    from inspector.rules import RULES
-
-    library = {r.id for r in RULES.values() if r.check.__module__ == "inspector.rules.numerics"}
-    assert library == NUMERIC_RULES
 
 
 def test_script_json_cannot_close_the_script_tag():

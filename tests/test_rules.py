@@ -398,7 +398,9 @@ def test_registry_refuses_duplicates_and_bad_severity() -> None:
     with pytest.raises(ValueError, match="already registered"):
         rule("dead-relu", "warning")(lambda ctx, report: [])
     with pytest.raises(ValueError, match="severity"):
-        rule("new-rule", "fatal")
+        rule("dead-relu", "fatal")
+    with pytest.raises(ValueError, match="not listed in inspector/schema/findings.py"):
+        rule("new-rule", "warning")
 
 
 def test_a_crashing_rule_becomes_an_info_finding(monkeypatch: pytest.MonkeyPatch) -> None:

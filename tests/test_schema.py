@@ -18,8 +18,10 @@ from inspector.inputspec import DTYPES, TORCH_DTYPES
 from inspector.memory.analysis import AUTOCAST_DTYPES as TORCH_AUTOCAST
 from inspector.memory.optimizer import STATE_COPIES, make_optimizer, optimizer_state_bytes
 from inspector.passes.export import TARGETS
+from inspector.rules import RULES
 from inspector.schema import options, statuses
 from inspector.schema.figures import FIGURES, SUMMARY_FIGURES
+from inspector.schema.findings import RULE_IDS, RULE_THEMES
 from inspector.schema.inputspec import FLOAT_DTYPES, INT_RANGES, SPEC_DTYPES
 
 MLP_SOURCE = """from torch import nn
@@ -108,3 +110,13 @@ def test_schema_imports_no_torch() -> None:
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_rule_themes_are_the_registrys_modules() -> None:
+    """The public list of rule ids (and their themes) is exactly what the library registers."""
+    registered = {
+        theme: {r.id for r in RULES.values() if r.check.__module__ == f"inspector.rules.{theme}"}
+        for theme in RULE_THEMES
+    }
+    assert registered == {theme: set(ids) for theme, ids in RULE_THEMES.items()}
+    assert set(RULES) == RULE_IDS

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from inspector.context import Context
 from inspector.report import Finding, Report, Severity
+from inspector.schema.findings import CRASHED_RULE, RULE_IDS, SEVERITY_ORDER
 
 __all__ = ["Rule", "RULES", "rule", "finding", "run_rules", "SEVERITY_ORDER"]
 
 Check = Callable[[Context, Report], Iterable[Finding]]
-SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,10 @@ RULES: dict[str, Rule] = {}
 
 
 def rule(rule_id: str, severity: Severity) -> Callable[[Check], Check]:
-    """Register `check` under `rule_id`; a second rule with the same id is a bug."""
+    """Register `check` under `rule_id`; a second rule with the same id, or an id missing
+    from `inspector.schema.findings.RULE_THEMES` (the public list), is a bug."""
+    if rule_id not in RULE_IDS:
+        raise ValueError(f"rule {rule_id!r} is not listed in inspector/schema/findings.py")
     if severity not in SEVERITY_ORDER:
         raise ValueError(f"rule {rule_id!r}: unknown severity {severity!r}")
 
@@ -66,5 +69,5 @@ def run_rules(ctx: Context, report: Report | None = None) -> list[Finding]:
             found.extend(item.check(ctx, report))
         except Exception as exc:  # noqa: BLE001 - one broken rule must not hide the others
             message = f"rule {item.id} could not run: {type(exc).__name__}: {exc}"
-            found.append(Finding(rule="rule-crashed", severity="info", where="", message=message))
+            found.append(Finding(rule=CRASHED_RULE, severity="info", where="", message=message))
     return sorted(found, key=lambda f: SEVERITY_ORDER[f.severity])

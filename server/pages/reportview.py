@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from inspector.report import Finding, Report
+from inspector.schema.findings import SEVERITIES, rules_of
 from inspector.units import ACCELERATOR_BUDGETS, format_bytes, format_count
 
 __all__ = [
@@ -21,13 +22,7 @@ __all__ = [
     "report_context",
 ]
 
-SEVERITIES = ("error", "warning", "info")
-
-# The rules of inspector/rules/numerics.py, by id: that module imports torch, which the web
-# process never does. tests/test_pages.py checks this list against the library's registry.
-NUMERIC_RULES = frozenset(
-    {"nan-activation", "dead-relu", "saturated-activation", "fp16-overflow", "bf16-precision"}
-)
+NUMERIC_RULES = rules_of("numerics")  # the findings the health panel lists
 
 
 def parse_report(text: str | None, *, modules: bool = False) -> tuple[Report | None, dict]:

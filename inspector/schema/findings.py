@@ -1,0 +1,57 @@
+"""Findings: the severities and every rule id, by theme.
+
+Rule ids are a public contract (CI gates on them, `inspector submit --fail-on`), so the
+list lives here, torch-free: the library's registry refuses a rule whose id is not listed
+(`inspector.rules.registry.rule`), and the pages read the themes (e.g. which findings are
+numeric health) without importing the rules, which need torch.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SEVERITIES", "SEVERITY_ORDER", "RULE_THEMES", "RULE_IDS", "CRASHED_RULE", "rules_of"]
+
+SEVERITIES = ("error", "warning", "info")  # most severe first
+SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
+
+# theme (the module of inspector/rules/ that holds them) -> rule ids
+RULE_THEMES: dict[str, tuple[str, ...]] = {
+    "capture": ("capture-failed", "values-not-computed"),
+    "export": ("export-failed",),
+    "gradients": (
+        "grad-path-cut",
+        "unused-parameter",
+        "output-without-grad",
+        "vanishing-gradient",
+        "exploding-gradient",
+        "nan-gradient",
+        "inplace-autograd",
+        "gradients-failed",
+    ),
+    "memory": ("checkpoint-candidate",),
+    "modes": (
+        "batchnorm-single-value",
+        "batchnorm-few-values",
+        "train-mode-failure",
+        "mode-divergence",
+    ),
+    "numerics": (
+        "nan-activation",
+        "dead-relu",
+        "saturated-activation",
+        "fp16-overflow",
+        "bf16-precision",
+    ),
+    "structure": (
+        "bias-before-batchnorm",
+        "tensor-attribute",
+        "mixed-devices",
+        "mixed-dtypes",
+        "inplace-read-later",
+    ),
+}
+RULE_IDS = frozenset(rule for rules in RULE_THEMES.values() for rule in rules)
+CRASHED_RULE = "rule-crashed"  # a rule that raised: our bug, reported as info
+
+
+def rules_of(theme: str) -> frozenset[str]:
+    return frozenset(RULE_THEMES[theme])

@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from inspector.render.format import Figure, failed_attempts, key_figures, percent_change
 from inspector.report import Finding, Report
+from inspector.schema.findings import SEVERITIES
 
 __all__ = ["render_markdown", "escape_markdown"]
 
@@ -97,7 +98,7 @@ def _delta(new: Figure, old: Figure) -> str:
 
 
 def _findings(findings: list[Finding]) -> str:
-    counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
+    counts = {s: sum(f.severity == s for f in findings) for s in SEVERITIES}
     if not findings:
         return "**Findings:** none."
     plural = {"error": "errors", "warning": "warnings", "info": "info"}

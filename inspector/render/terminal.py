@@ -24,6 +24,7 @@ from inspector.render.format import (
 )
 from inspector.report import Finding, Memory, Module, Report
 from inspector.schema.figures import FIGURES
+from inspector.schema.findings import SEVERITIES
 from inspector.units import format_bytes, format_count
 
 __all__ = ["render_terminal", "visible_modules", "AUTO_DEPTH", "BIG_TREE"]
@@ -401,7 +402,7 @@ def _print_findings(findings: Sequence[Finding], console: Console) -> None:
     if not findings:
         return
     console.print(Text("\nFindings", style="bold"))
-    for severity in ("error", "warning", "info"):
+    for severity in SEVERITIES:
         group = [f for f in findings if f.severity == severity]
         for finding in group[:FINDINGS_PER_SEVERITY]:
             console.print(_finding_text(finding))

@@ -7,30 +7,32 @@ from typing import Any
 
 from inspector.compare import compare_reports
 from inspector.report import Report
+from inspector.schema.figures import FIGURES
 from inspector.units import format_bytes, format_count
 from server.pages.formats import pct, shape
 
 __all__ = ["COMPARE_FIGURES", "compare_view"]
 
-# (figure in inspector.compare.FIGURES, label, unit) in display order.
+# The figures of inspector.schema.figures the page compares, in display order.
 COMPARE_FIGURES = (
-    ("params", "Parameters", "count"),
-    ("trainable_params", "Trainable parameters", "count"),
-    ("flops_forward", "Forward FLOPs", "count"),
-    ("flops_backward", "Backward FLOPs", "count"),
-    ("forward_peak_bytes", "Forward peak", "bytes"),
-    ("train_peak_bytes", "Training-step peak", "bytes"),
-    ("saved_activation_bytes", "Saved activations", "bytes"),
-    ("param_bytes", "Parameter memory", "bytes"),
-    ("grad_bytes", "Gradient memory", "bytes"),
-    ("optimizer_bytes", "Optimizer state", "bytes"),
-    ("node_count", "Graph nodes", "count"),
-    ("findings_errors", "Errors", "count"),
-    ("findings_warnings", "Warnings", "count"),
+    "params",
+    "trainable_params",
+    "flops_forward",
+    "flops_backward",
+    "forward_peak_bytes",
+    "train_peak_bytes",
+    "saved_activation_bytes",
+    "param_bytes",
+    "grad_bytes",
+    "optimizer_bytes",
+    "node_count",
+    "findings_errors",
+    "findings_warnings",
 )
 
 
 def _fmt(value: float | None, unit: str) -> str:
+    """Bytes in binary units; counts and FLOPs as plain counts (short past 10,000)."""
     if value is None:
         return "-"
     if unit == "bytes":
@@ -59,10 +61,11 @@ def compare_view(a: Report, b: Report) -> dict[str, Any]:
 
 def _summary_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
-    for key, label, unit in COMPARE_FIGURES:
+    for key in COMPARE_FIGURES:
         d = summary.get(key)
         if d is None:
             continue
+        label, unit = FIGURES[key].label, FIGURES[key].unit
         rows.append({
             "key": key, "label": label, "a": _fmt(d["a"], unit), "b": _fmt(d["b"], unit),
             "delta": _signed(d["delta"], unit), "percent": pct(d["percent"]),

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from inspector.report import Finding, Report
+from inspector.schema.figures import FIGURES
 from inspector.schema.findings import SEVERITIES, rules_of
 from inspector.units import ACCELERATOR_BUDGETS, format_bytes, format_count
 
@@ -51,20 +52,20 @@ def summary_cards(report: Report, module_count: int) -> list[dict[str, str]]:
     t, m = report.totals, report.memory
     optimizer = m.optimizer or "no optimizer"
     return [
-        _card("Parameters", format_count(t.params),
+        _card("params", format_count(t.params),
               f"{format_count(t.trainable_params)} trainable · {format_bytes(t.param_bytes)}"),
-        _card("Forward FLOPs", format_count(t.flops_forward),
+        _card("flops_forward", format_count(t.flops_forward),
               f"backward {format_count(t.flops_backward)}"),
-        _card("Forward peak", format_bytes(m.forward_peak_bytes), "one forward, no grad"),
-        _card("Training-step peak", format_bytes(m.train_peak_bytes),
+        _card("forward_peak_bytes", format_bytes(m.forward_peak_bytes), "one forward, no grad"),
+        _card("train_peak_bytes", format_bytes(m.train_peak_bytes),
               f"{optimizer}" + (f" · at {m.train_peak_node}" if m.train_peak_node else "")),
-        _card("Capture", report.capture.method or "none",
-              f"{report.capture.node_count} nodes · {module_count} modules"),
+        {"label": "Capture", "value": report.capture.method or "none",
+         "detail": f"{report.capture.node_count} nodes · {module_count} modules"},
     ]  # fmt: skip
 
 
-def _card(label: str, value: str, detail: str) -> dict[str, str]:
-    return {"label": label, "value": value, "detail": detail}
+def _card(figure: str, value: str, detail: str) -> dict[str, str]:
+    return {"label": FIGURES[figure].label, "value": value, "detail": detail}
 
 
 def max_batch_rows(report: Report) -> list[dict[str, Any]]:

@@ -120,3 +120,12 @@ def test_rule_themes_are_the_registrys_modules() -> None:
     }
     assert registered == {theme: set(ids) for theme, ids in RULE_THEMES.items()}
     assert set(RULES) == RULE_IDS
+
+
+def test_the_reports_severity_type_is_the_schemas() -> None:
+    from typing import get_args
+
+    from inspector.report import Severity
+    from inspector.schema.findings import SEVERITIES
+
+    assert get_args(Severity) == SEVERITIES

@@ -141,6 +141,13 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
         help="export readiness: fast = torch.export non-strict and TorchScript (default); "
         "all adds strict torch.export and ONNX (slower)",
     )
+    p.add_argument(
+        "--serving",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serving memory: KV cache per token, prefill/decode peaks, sequences per GPU "
+        "(default: on for presets and configs of decoder language models)",
+    )
     p.set_defaults(func=_cmd_inspect)
 
 
@@ -227,6 +234,7 @@ def _options(args: argparse.Namespace) -> Options:
         passes=args.passes,
         measure=args.measure,
         export=args.export,
+        serving=args.serving,
     )
 
 

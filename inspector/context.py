@@ -33,6 +33,7 @@ class Options:
     passes: set[str] | None = None  # None: every pass
     measure: bool = True  # measure real memory when not fake (costs one real step)
     export: str = DEFAULT_EXPORT  # export readiness: EXPORT_LEVELS
+    serving: bool | None = None  # serving memory; None: on for presets/configs of decoder LMs
     # overrides of the health thresholds (inspector.health.thresholds.DEFAULTS)
     thresholds: dict[str, float] = field(default_factory=dict)
 

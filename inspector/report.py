@@ -284,6 +284,45 @@ class Export(_Model):
     targets: list[ExportTarget] = Field(default_factory=list)
 
 
+class ServingLayer(_Model):
+    index: int
+    kind: str  # the cache layer's class: DynamicLayer, DynamicSlidingWindowLayer, ...
+    bytes_per_token: int  # per sequence, while the layer's cache grows
+    fixed_bytes: int = 0  # per sequence, whatever the context (SSM and conv states)
+    capped_at_tokens: int | None = None  # a sliding window: stops growing here
+
+
+class ServingRow(_Model):
+    context: int
+    cache_bytes_per_sequence: int
+    prefill_peak_bytes: int  # one sequence of this context
+    max_concurrent_sequences: dict[str, int] = Field(default_factory=dict)
+
+
+class Serving(_Model):
+    computed: bool = False
+    reason: str | None = None  # why there is no serving section, when one was asked for
+    batch: int | None = None
+    context: int | None = None  # the spec's sequence length S
+    weights_bytes: int | None = None
+    weights_bytes_by_dtype: dict[str, int] = Field(default_factory=dict)
+    weights_int8_bytes: int | None = None  # weight-only quantised Linear weights
+    weights_int4_bytes: int | None = None
+    kv_bytes_per_token: int | None = None  # per sequence, all layers, while they grow
+    cache_fixed_bytes: int | None = None  # per sequence, states that do not grow
+    cache_bytes_per_sequence: int | None = None  # at `context`
+    layers: list[ServingLayer] = Field(default_factory=list)
+    prefill_peak_bytes: int | None = None  # at [batch, context]
+    decode_peak_bytes: int | None = None  # one step of `batch` sequences at `context`
+    decode_fixed_bytes: int | None = None  # decode peak = fixed + n * per_sequence
+    decode_per_sequence_bytes: int | None = None
+    decode_check_error: float | None = None  # the line vs a measured step at 4 sequences
+    # {str(budget_bytes): sequences of `context` tokens that fit}
+    max_concurrent_sequences: dict[str, int] = Field(default_factory=dict)
+    table: list[ServingRow] = Field(default_factory=list)  # other contexts
+    notes: list[str] = Field(default_factory=list)
+
+
 class ErrorInfo(_Model):
     kind: str  # user_error, timed_out, out_of_memory, killed, internal
     message: str
@@ -305,6 +344,7 @@ class Report(_Model):
     modes: ModeDiff = Field(default_factory=ModeDiff)
     findings: list[Finding] = Field(default_factory=list)
     export: Export = Field(default_factory=Export)
+    serving: Serving = Field(default_factory=Serving)
 
     def to_json(self, indent: int | None = None) -> str:
         return self.model_dump_json(indent=indent)

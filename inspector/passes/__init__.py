@@ -7,7 +7,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from inspector.context import Context
-from inspector.passes import export, findings, gradients, graph, memory, modes, numerics
+from inspector.passes import (
+    export,
+    findings,
+    gradients,
+    graph,
+    memory,
+    modes,
+    numerics,
+    serving,
+)
 
 Pass = Callable[[Context], None]
 
@@ -18,5 +27,6 @@ PASSES: list[tuple[str, Pass]] = [
     ("numerics", numerics.run),  # Node.stats: ranges, NaN/Inf, dead ReLU, fp16/bf16 hazards
     ("modes", modes.run),  # train() vs eval(): mode-dependent modules, divergence, BatchNorm
     ("export", export.run),  # torch.export / TorchScript / ONNX readiness
+    ("serving", serving.run),  # KV cache per token, prefill/decode peaks, sequences that fit
     ("findings", findings.run),  # lint rules over every section: keep LAST
 ]

@@ -1,7 +1,8 @@
 """The service's job child: `python -m inspector.job DIR`, run inside the sandbox.
 
 Reads `DIR/job.json` (`{"model": "upload/model.py:Net", "input": spec text, a tensor file
-path or null, "options": {...}}`, paths relative to DIR), runs the pipeline, and leaves
+path or null, "options": {...}}`, paths relative to DIR; an extracted zip's
+`upload/mypkg/model.py:Net` is imported as `mypkg.model`), runs the pipeline, and leaves
 JSON for the worker and nothing else:
 - `DIR/progress.jsonl`: one `{"stage", "percent", "t"}` line per stage;
 - `DIR/report.json`: the Report, on success (exit 0);

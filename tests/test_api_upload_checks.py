@@ -210,6 +210,50 @@ def test_zip_package(env):
     assert message.startswith("pkg/model.py:1:")
 
 
+RELATIVE_MODEL = b"from torch import nn\n\nfrom .layers import Net\n"
+NESTED_MODEL = b"from torch import nn\n\nfrom ..layers import Net\n"
+
+
+def test_zip_package_with_relative_imports_needs_its_init(env):
+    with_init = {
+        "pkg/__init__.py": b"",
+        "pkg/layers.py": MLP_SOURCE,
+        "pkg/model.py": RELATIVE_MODEL,
+    }
+    r = upload(env, _zip(with_init), filename="pkg.zip", data={"entrypoint": "pkg/model.py:Net"})
+    assert r.status_code == 201, r.text
+    without = {k: v for k, v in with_init.items() if k != "pkg/__init__.py"}
+    r = upload(env, _zip(without), filename="pkg.zip", data={"entrypoint": "pkg/model.py:Net"})
+    assert refused(r) == (
+        "pkg/model.py:3: `from .layers import Net` is a relative import, but pkg.zip has no "
+        "pkg/__init__.py: add an empty pkg/__init__.py so pkg/model.py is imported as part of "
+        "its package."
+    )
+    assert r.json()["error"]["detail"] == {
+        "file": "pkg/model.py", "line": 3, "missing": ["pkg/__init__.py"]
+    }  # fmt: skip
+
+
+def test_nested_relative_import_needs_every_init_up_to_its_level(env):
+    entries = {"pkg/sub/__init__.py": b"", "pkg/layers.py": MLP_SOURCE,
+               "pkg/sub/model.py": NESTED_MODEL}  # fmt: skip
+    data = {"entrypoint": "pkg/sub/model.py:Net"}
+    message = refused(upload(env, _zip(entries), filename="pkg.zip", data=data))
+    assert (
+        "`from ..layers import Net` is a relative import, but pkg.zip has no pkg/__init__.py"
+        in message
+    )
+    entries["pkg/__init__.py"] = b""
+    assert upload(env, _zip(entries), filename="pkg.zip", data=data).status_code == 201
+
+
+def test_single_file_with_a_relative_import_is_refused(env):
+    message = refused(upload(env, RELATIVE_MODEL))
+    assert message.startswith("model.py:3: `from .layers import Net` is a relative import")
+    assert "Upload a .zip of the package folder" in message and "pkg/model.py:Net" in message
+    assert_nothing_stored(env)
+
+
 def test_pt2_archive(env):
     archive = _zip({"model/archive_format": b"pt2", "model/models/model.json": b"{}"})
     r = upload(env, archive, filename="net.pt2", data={"entrypoint": "", "input": ""})

@@ -273,6 +273,25 @@ def test_real_pipeline_tables_and_json_file(
 
 
 @pytest.mark.slow
+def test_real_cli_on_a_package(tmp_path: Path) -> None:
+    pkg = tmp_path / "repo" / "mypkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "layers.py").write_text(textwrap.dedent(MLP))
+    (pkg / "model.py").write_text(
+        "from .layers import Net as _Net\n\n\nclass Net(_Net):\n    pass\n"
+    )
+    model = f"{pkg / 'model.py'}:Net"
+    result = run_python(
+        ["-m", "inspector.cli", "inspect", model, "--input", SPEC, "--json", "-"], cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["totals"]["params"] == 212  # 144 + 68, as above
+    assert report["meta"]["entrypoint"] == "Net"
+
+
+@pytest.mark.slow
 def test_real_cli_missing_model_file_exits_2(tmp_path: Path) -> None:
     result = run_python(["-m", "inspector.cli", "inspect", "missing.py:Net"], cwd=tmp_path)
     assert result.returncode == 2, result.stderr

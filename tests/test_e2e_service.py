@@ -5,7 +5,9 @@ SQLite (database and queue) by default; the same on Postgres, and with the Redis
 
 from __future__ import annotations
 
+import io
 import secrets
+import zipfile
 
 import httpx
 import pytest
@@ -38,6 +40,67 @@ def _upload_and_check(url: str) -> None:
 def test_upload_to_report_sqlite(tmp_path):
     with running_server(tmp_path / "data", INSPECTOR_DEVICE="cpu") as url:
         _upload_and_check(url)
+
+
+# A package as it lives in a repository, named like a common module: absolute and relative
+# imports, a nested package, example inputs from the model file.
+PACKAGE = {
+    "models/__init__.py": "",
+    "models/layers.py": "from torch import nn\n\nWIDTH = 8\n\n\ndef block():\n"
+    "    return nn.Linear(WIDTH, 4)\n",
+    "models/heads/__init__.py": "",
+    "models/heads/head.py": "from torch import nn\n\n\ndef head():\n    return nn.Linear(4, 2)\n",
+    "models/model.py": """\
+import torch
+from torch import nn
+
+from models.heads.head import head
+from .layers import WIDTH, block
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(block(), nn.ReLU(), head())
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def example_inputs():
+    return (torch.randn(2, WIDTH),)
+""",
+    "models/missing.py": "import torch\nfrom torch import nn\nimport no_such_lib\n\n"
+    "Net = nn.Identity\n",
+}
+
+
+def zipped(files: dict[str, str]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return buffer.getvalue()
+
+
+@pytest.mark.slow
+def test_zipped_package_loads_as_a_package_in_the_sandbox(tmp_path):
+    data = zipped(PACKAGE)
+    with running_server(tmp_path / "data", INSPECTOR_DEVICE="cpu") as url:
+        ok = upload(url, data, filename="models.zip", entrypoint="models/model.py:Net")
+        missing = upload(url, data, filename="models.zip", entrypoint="models/missing.py:Net")
+        assert ok.status_code == 201 and missing.status_code == 201, ok.text + missing.text
+        done = wait_final(url, ok.json()["slug"])
+        failed = wait_final(url, missing.json()["slug"])
+    assert done["status"] == "done", done.get("error")
+    assert done["params"] == (8 * 4 + 4) + (4 * 2 + 2)  # Linear(8, 4) + Linear(4, 2) = 46
+    assert failed["status"] == "failed"
+    message = failed["error"]["message"]
+    assert message.startswith("missing.py:3: No module named 'no_such_lib': the worker has torch ")
+    assert message.endswith(
+        "not no_such_lib.\n    import no_such_lib\n"
+        "Vendor it into your upload or ask the operator to install it."
+    )
 
 
 @pytest.mark.slow

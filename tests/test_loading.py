@@ -1,12 +1,16 @@
-"""Model loading: Python files, .pt2 archives, TorchScript, refusals, and every LoadError."""
+"""Model loading: Python files and packages, .pt2 archives, TorchScript, refusals, every
+LoadError."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
+import importlib.util
 import os
 import sys
 import textwrap
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from inspector.errors import LoadError
 from inspector.loaders.load import load_model
+from inspector.loaders.userimports import forget_user_modules
 
 ROOT = Path(__file__).parent.parent
 EXAMPLES = ROOT / "examples"
@@ -112,6 +117,260 @@ def test_dict_example_inputs_become_kwargs(tmp_path: Path) -> None:
     )
     inputs = load_model(f"{path}:Net").inputs.build()
     assert inputs.args[0].shape == (3, 4) and inputs.kwargs == {"scale": 2.0}
+
+
+# --- packages: a file inside a package is imported as part of it -----------------------
+
+LAYERS = """
+from torch import nn
+
+WIDTH = 4
+
+class Block(nn.Module):
+    def __init__(self, out=3):
+        super().__init__()
+        self.fc = nn.Linear(WIDTH, out)
+
+    def forward(self, x):
+        return self.fc(x)
+"""
+
+
+def model_source(import_line: str, block: str = "Block()") -> str:
+    """A model.py whose Net wraps a Block that `import_line` brings."""
+    return (
+        f"from torch import nn\n{import_line}\n\n\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        f"        self.block = {block}\n\n"
+        "    def forward(self, x):\n"
+        "        return self.block(x)\n"
+    )
+
+
+def make_tree(root: Path, files: dict[str, str]) -> Path:
+    """Write `files` ({"mypkg/model.py": source, ...}) under `root`."""
+    for name, source in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source))
+    return root
+
+
+def package(root: Path, model: str, name: str = "mypkg", layers: str = LAYERS) -> Path:
+    """`root/name/{__init__,layers,model}.py`; returns the model file."""
+    make_tree(root, {f"{name}/__init__.py": "", f"{name}/layers.py": layers,
+                     f"{name}/model.py": model})  # fmt: skip
+    return root / name / "model.py"
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.fixture(autouse=True)
+def no_user_modules_left() -> Iterator[None]:
+    """Every test leaves sys.modules and sys.path as it found them."""
+    yield
+    forget_user_modules()
+
+
+@pytest.mark.parametrize(
+    ("import_line", "block"),
+    [
+        ("from mypkg.layers import Block", "Block()"),
+        ("from .layers import Block", "Block()"),
+        ("from . import layers", "layers.Block()"),
+        ("import mypkg.layers", "mypkg.layers.Block()"),
+        ("from layers import Block", "Block()"),  # as when run as a script: still works
+    ],
+)
+def test_package_absolute_and_relative_imports(tmp_path: Path, import_line: str, block: str):
+    path = package(tmp_path, model_source(import_line, block))
+    loaded = load_model(f"{path}:Net")
+    assert n_params(loaded.model) == 4 * 3 + 3  # Linear(4, 3): weight + bias = 15
+    assert type(loaded.model).__module__ == "mypkg.model"
+    assert loaded.user_files == [str(tmp_path.resolve())]  # what sits beside the package too
+    assert loaded.model(torch.ones(2, 4)).shape == (2, 3)
+
+
+def test_nested_package_imports_up_and_across(tmp_path: Path) -> None:
+    make_tree(tmp_path, {
+        "mypkg/__init__.py": "", "mypkg/layers.py": LAYERS, "mypkg/sub/__init__.py": "",
+        "mypkg/sub/heads.py": "from torch import nn\n\ndef head():\n    return nn.Linear(3, 2)\n",
+        "mypkg/sub/model.py": model_source(
+            "from ..layers import Block\nfrom mypkg.sub.heads import head",
+            "nn.Sequential(Block(), head())",
+        ),
+    })  # fmt: skip
+    loaded = load_model(f"{tmp_path / 'mypkg' / 'sub' / 'model.py'}:Net")
+    assert type(loaded.model).__module__ == "mypkg.sub.model"
+    assert n_params(loaded.model) == (4 * 3 + 3) + (3 * 2 + 2)  # 15 + 8 = 23
+
+
+def test_modules_beside_the_package_import_like_vendored_libraries(tmp_path: Path) -> None:
+    make_tree(tmp_path, {"vendored/__init__.py": "OUT = 5\n"})
+    source = model_source("from .layers import Block\nfrom vendored import OUT", "Block(OUT)")
+    loaded = load_model(f"{package(tmp_path, source)}:Net")
+    assert n_params(loaded.model) == 4 * 5 + 5  # Linear(4, OUT=5) = 25
+
+
+def test_src_layout(tmp_path: Path) -> None:
+    path = package(tmp_path / "src", model_source("from mypkg.layers import Block"))
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'mypkg'\n")
+    loaded = load_model(f"{path}:Net")
+    assert n_params(loaded.model) == 15  # Linear(4, 3), as above
+    assert loaded.user_files == [str((tmp_path / "src").resolve())]
+
+
+def test_package_named_like_a_module_already_imported_is_the_users(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `models` here is tests/models.py, imported by this very module; `utils` a stand-in
+    # for some other `utils` imported before the load.
+    import models as tests_models
+
+    other_utils = types.ModuleType("utils")
+    monkeypatch.setitem(sys.modules, "utils", other_utils)
+    make_tree(tmp_path, {
+        "utils/__init__.py": "", "utils/layers.py": LAYERS.replace("WIDTH = 4", "WIDTH = 6"),
+        "models/__init__.py": "",
+        "models/model.py": model_source("from utils.layers import Block"),
+    })  # fmt: skip
+    loaded = load_model(f"{tmp_path / 'models' / 'model.py'}:Net")
+    assert n_params(loaded.model) == 6 * 3 + 3  # the user's utils: Linear(6, 3) = 21
+    assert sys.modules["models"].__file__ == str((tmp_path / "models" / "__init__.py").resolve())
+    forget_user_modules()  # what the next load does first
+    assert sys.modules["models"] is tests_models and sys.modules["utils"] is other_utils
+
+
+def test_a_package_named_like_torch_is_refused(tmp_path: Path) -> None:
+    path = package(tmp_path, model_source("from .layers import Block"), name="torch")
+    with pytest.raises(LoadError, match=r"package named 'torch', like the module 'torch'") as info:
+        load_model(f"{path}:Net")
+    assert "Rename the folder torch/" in str(info.value)
+    assert sys.modules["torch"] is torch
+
+
+def test_two_uploads_with_the_same_package_name_each_get_their_own(tmp_path: Path) -> None:
+    first = package(tmp_path / "a", model_source("from .layers import Block"))
+    wider = LAYERS.replace("WIDTH = 4", "WIDTH = 8")
+    second = package(tmp_path / "b", model_source("from mypkg.layers import Block"), layers=wider)
+    path_before = list(sys.path)
+    assert n_params(load_model(f"{first}:Net").model) == 4 * 3 + 3  # 15
+    assert n_params(load_model(f"{second}:Net").model) == 8 * 3 + 3  # 27, not a stale 15
+    assert sys.modules["mypkg.layers"].__file__ == str((second.parent / "layers.py").resolve())
+    forget_user_modules()
+    assert sys.path == path_before and "mypkg" not in sys.modules
+
+
+def test_the_same_package_edited_between_loads_is_imported_again(tmp_path: Path) -> None:
+    path = package(tmp_path, model_source("from .layers import Block"))
+    assert n_params(load_model(f"{path}:Net").model) == 15  # Linear(4, 3)
+    (path.parent / "layers.py").write_text(LAYERS.replace("WIDTH = 4", "WIDTH = 5"))
+    assert n_params(load_model(f"{path}:Net").model) == 5 * 3 + 3  # 18
+
+
+def test_plain_folders_with_the_same_sibling_name_each_get_their_own(tmp_path: Path) -> None:
+    for width in (2, 7):
+        folder = make_tree(tmp_path / f"w{width}", {
+            "layers.py": LAYERS.replace("WIDTH = 4", f"WIDTH = {width}"),
+            "model.py": model_source("from layers import Block"),
+        })  # fmt: skip
+        loaded = load_model(f"{folder / 'model.py'}:Net")
+        assert n_params(loaded.model) == width * 3 + 3  # 9, then 24
+
+
+LAZY_MODEL = """
+from torch import nn
+
+from .layers import Block
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = Block()
+
+    def forward(self, x):
+        from .ops import double  # imported at the first call, after the load
+
+        return double(self.block(x))
+"""
+
+
+def test_relative_import_inside_forward_works_after_the_load(tmp_path: Path) -> None:
+    path = package(tmp_path, LAZY_MODEL)
+    (path.parent / "ops.py").write_text("def double(x):\n    return 2 * x\n")
+    model = load_model(f"{path}:Net").model
+    x = torch.ones(1, 4)
+    torch.testing.assert_close(model(x), 2 * model.block(x))
+
+
+def test_missing_library_names_it_and_what_this_python_has(tmp_path: Path) -> None:
+    path = package(tmp_path, model_source("from .layers import Block\nimport no_such_lib.ops"))
+    with pytest.raises(LoadError) as info:
+        load_model(f"{path}:Net")
+    error = info.value
+    assert error.location == "model.py:3"
+    has = [f"torch {torch.__version__}"]  # then whichever model libraries are installed here
+    has += [
+        f"{name} {importlib.metadata.version(name)}"
+        for name in ("torchvision", "timm", "transformers")
+        if importlib.util.find_spec(name)
+    ]
+    assert error.message.startswith(
+        f"model.py:3: No module named 'no_such_lib': this Python has {', '.join(has)}; "
+        "not no_such_lib."
+    )
+    assert "import no_such_lib.ops" in error.message  # the user's line
+    assert error.hint == "Install it here, or vendor it into the folder beside your model."
+
+
+def test_missing_module_of_the_users_own_package_lists_what_it_has(tmp_path: Path) -> None:
+    path = package(tmp_path, model_source("from mypkg.layer import Block"))  # layer, not layers
+    with pytest.raises(LoadError) as info:
+        load_model(f"{path}:Net")
+    assert info.value.location == "model.py:2"
+    assert "No module named 'mypkg.layer': your package mypkg has no module layer " in str(
+        info.value
+    )
+    assert "(it has: layers, model)" in str(info.value)
+
+
+def test_relative_import_in_a_plain_file_says_to_add_init(tmp_path: Path) -> None:
+    make_tree(
+        tmp_path, {"layers.py": LAYERS, "model.py": model_source("from .layers import Block")}
+    )
+    with pytest.raises(LoadError) as info:
+        load_model(f"{tmp_path / 'model.py'}:Net")
+    assert info.value.location == "model.py:2"
+    assert "attempted relative import with no known parent package" in info.value.message
+    assert "add an empty __init__.py to its folder" in str(info.value.hint)
+
+
+def test_importing_its_own_folder_without_init_says_to_add_one(tmp_path: Path) -> None:
+    files = {
+        "mypkg/layers.py": LAYERS,
+        "mypkg/model.py": model_source("from mypkg.layers import Block"),
+    }
+    make_tree(tmp_path, files)  # no mypkg/__init__.py: model.py is a plain file
+    with pytest.raises(LoadError) as info:
+        load_model(f"{tmp_path / 'mypkg' / 'model.py'}:Net")
+    assert info.value.location == "model.py:2"
+    assert "raised ModuleNotFoundError: No module named 'mypkg'" in info.value.message
+    assert "mypkg/ holds your file but is not a package: add an empty __init__.py" in str(
+        info.value.hint
+    )
+
+
+def test_syntax_error_in_a_package_module_names_that_file(tmp_path: Path) -> None:
+    path = package(tmp_path, model_source("from .layers import Block"), layers="def f(:\n")
+    with pytest.raises(LoadError) as info:
+        load_model(f"{path}:Net")
+    assert info.value.location == "layers.py:1"
+    assert "syntax error in layers.py" in str(info.value)
 
 
 # --- fake construction --------------------------------------------------------------------

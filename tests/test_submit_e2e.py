@@ -1,7 +1,7 @@
 """`inspector submit` (the real CLI, in a subprocess) against a real `inspector serve`:
 web server, SQLite, queue, worker and bubblewrap sandbox, with INSPECTOR_AUTH=token.
 
-One server for the module; five real jobs (each a sandboxed child that imports torch).
+One server for the module; six real jobs (each a sandboxed child that imports torch).
 """
 
 from __future__ import annotations
@@ -56,7 +56,15 @@ class Broken(Net):
 SPEC = '{"x": {"shape": ["B", 8]}, "dims": {"B": 2}}'
 TINY_PARAMS = 8 * 4 + 4  # Linear(8, 4): weight + bias = 36
 WIDE_PARAMS = 8 * 8 + 8  # Linear(8, 8) = 72, +100% over TINY
-RATE = 8  # uploads per token per minute on this server (token "ci" makes 6)
+# docs/ci.md: `DIR:model.py:Entry` zips the folder so that relative imports work.
+PACKAGE_MODEL = """\
+from mypkg.layers import Net
+
+from .layers import wide
+
+__all__ = ["Net", "wide"]
+"""
+RATE = 8  # uploads per token per minute on this server (token "ci" makes 7)
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "CI_", "GITLAB"))}
 
 
@@ -80,6 +88,10 @@ def service(tmp_path_factory):
     assert cli("token", "revoke", "old", env=admin_env).returncode == 0
     (tmp / "model.py").write_text(TINY)
     (tmp / "bad.py").write_text("def broken(:\n    pass\n")
+    (tmp / "mypkg").mkdir()
+    (tmp / "mypkg" / "__init__.py").write_text("")
+    (tmp / "mypkg" / "layers.py").write_text(TINY)
+    (tmp / "mypkg" / "model.py").write_text(PACKAGE_MODEL)
     env = {"INSPECTOR_AUTH": "token", "INSPECTOR_UPLOAD_RATE_PER_MINUTE": str(RATE)}
     with running_server(data, INSPECTOR_DEVICE="cpu", **env) as url:
         yield {"url": url, "tmp": tmp, "tokens": tokens}
@@ -151,6 +163,13 @@ def test_bad_model_exits_2_with_the_error(service):
     refused = submit(service, "bad.py:broken", "--no-ci-tags")  # refused at upload: no job
     assert refused.returncode == 2
     assert "HTTP 422" in refused.stderr and "bad.py:1" in refused.stderr
+
+
+def test_package_directory_loads_as_a_package(service):
+    js = service["tmp"] / "pkg.json"
+    done = submit(service, "mypkg:model.py:wide", "--no-ci-tags", "--json", str(js))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(js.read_text())["figures"]["params"] == WIDE_PARAMS  # 72
 
 
 def test_auth_no_token_and_revoked_token_are_refused(service):

@@ -115,6 +115,18 @@ def test_models_resolve_to_uploads(tmp_path):
         resolve_model(str(tmp_path / "none.pt2"))
 
 
+def test_the_current_directory_zips_under_its_own_name(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    (repo / "mypkg").mkdir(parents=True)
+    (repo / "mypkg" / "__init__.py").write_text("")
+    (repo / "mypkg" / "model.py").write_text("class Net: pass\n")
+    monkeypatch.chdir(repo)
+    zipped = resolve_model(".:mypkg/model.py:Net")  # CI runs from the checkout's root
+    assert (zipped.filename, zipped.entrypoint) == ("repo.zip", "repo/mypkg/model.py:Net")
+    names = zipfile.ZipFile(io.BytesIO(zipped.data)).namelist()
+    assert sorted(names) == ["repo/mypkg/__init__.py", "repo/mypkg/model.py"]
+
+
 def test_inputs_resolve(tmp_path):
     assert resolve_input('{"x": {"shape": [1, 8]}}').spec == '{"x": {"shape": [1, 8]}}'
     (tmp_path / "t.pt").write_bytes(b"PK")

@@ -115,3 +115,27 @@ def test_safe_extract(tmp_path):
     with pytest.raises(ZipRefused):
         safe_extract(path, tmp_path / "out2")
     assert not (tmp_path / "evil.py").exists()
+
+
+def test_a_package_zipped_by_submit_loads_as_a_package_once_extracted(tmp_path):
+    """`inspector submit mypkg:model.py:Net` zips the folder; the worker extracts it into
+    the job's upload/ and the child loads upload/mypkg/model.py:Net."""
+    from inspector.ci.upload_source import resolve_model
+    from inspector.loaders.load import load_model
+    from inspector.loaders.userimports import forget_user_modules
+
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "layers.py").write_text(MLP_SOURCE.decode())
+    (pkg / "model.py").write_text("from .layers import Net as Base\nfrom mypkg.layers import Net\n")
+    zipped = resolve_model(f"{pkg}:model.py:Net")
+    (tmp_path / "up.zip").write_bytes(zipped.data)
+    safe_extract(tmp_path / "up.zip", tmp_path / "job" / "upload")
+    try:
+        loaded = load_model(f"{tmp_path / 'job' / 'upload'}/{zipped.entrypoint}")
+        # Linear(8, 16) + Linear(16, 4): 8 * 16 + 16 + 16 * 4 + 4 = 144 + 68 = 212
+        assert sum(p.numel() for p in loaded.model.parameters()) == 212
+        assert type(loaded.model).__module__ == "mypkg.layers"
+    finally:
+        forget_user_modules()

@@ -71,7 +71,9 @@ def resolve_model(model: str) -> ModelUpload:
 
 
 def _directory(root: Path, entry: str) -> ModelUpload:
-    """Zip `root` under its own name; `entry` may be relative to it or name it first."""
+    """Zip `root` under its own name; `entry` may be relative to it or name it first.
+    The job imports a file in a package folder (one with `__init__.py`) as part of it."""
+    root = root.resolve()  # `.` has no name to zip under
     member, _, name = entry.rpartition(":")
     if not member or not name:
         raise LoadError(

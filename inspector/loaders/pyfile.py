@@ -1,13 +1,16 @@
 """Load a model from a Python file: `model.py:Net` (a class) or `model.py:build` (a factory).
 
-The file is imported as a fresh module; its folder goes on `sys.path` so sibling modules
-(a folder extracted from a .zip) import. Optional in the same file: `example_inputs()`
-and `loss_fn(output, inputs)`.
+A file inside a package is imported as part of it (`mypkg/model.py` as `mypkg.model`), so
+its absolute and relative imports work; a plain file runs as a fresh module with its folder
+on `sys.path`, so sibling modules (a folder extracted from a .zip) import. See
+`inspector.loaders.userimports`. Optional in the same file: `example_inputs()` and
+`loss_fn(output, inputs)`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 import itertools
 import os
@@ -24,6 +27,7 @@ from inspector.errors import LoadError
 from inspector.loaders.factories import ExampleFactory
 from inspector.loaders.fakebuild import building_under
 from inspector.loaders.usercode import syntax_error_location, user_code_error
+from inspector.loaders.userimports import ImportPlan, plan_import, prepare_imports
 
 __all__ = ["split_source", "load_python"]
 
@@ -45,8 +49,7 @@ def load_python(path: str, entry: str | None, *, fake_mode: Any, device: str) ->
         raise LoadError(f"model file not found: {path}", hint="Check the path and try again.")
     data = open(path, "rb").read()  # noqa: SIM115 - read once, closed by refcount
     name = os.path.basename(path)
-    user_files = _user_paths(path)
-    module = _import(path, data, user_files)
+    module, user_files = _import_user_module(path, data)
     factory = _entrypoint(module, name, entry)
     # Built on `device` directly: no copy, and fake parameters cannot be swapped by .to().
     with building_under(fake_mode, device):
@@ -80,42 +83,83 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == b.type and (b.index is None or a.index == b.index)
 
 
-def _user_paths(path: str) -> list[str]:
-    """The file's folder (sibling modules are the user's too), unless that folder also
-    holds our own code or the Python environment; then only the file."""
-    path = os.path.realpath(path)
-    folder = os.path.dirname(path)
+def _user_paths(plan: ImportPlan) -> list[str]:
+    """The folder the user's imports resolve from (the file's, or the package root's
+    parent: modules beside the package are the user's too). When that folder also holds
+    our own code or the Python environment: the package, else only the file."""
     ours = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), sys.prefix]
     ours.append(os.path.dirname(os.path.dirname(torch.__file__)))
-    if any(os.path.realpath(p).startswith(folder.rstrip(os.sep) + os.sep) for p in ours):
-        return [path]
-    return [folder]
+    candidates = [plan.search_paths[0]]
+    if plan.package is not None:
+        candidates.append(os.path.join(plan.search_paths[0], plan.package))
+    for folder in candidates:
+        inside = folder.rstrip(os.sep) + os.sep
+        if not any(os.path.realpath(p).startswith(inside) for p in ours):
+            return [folder]
+    return [plan.path]
 
 
-def _import(path: str, data: bytes, user_files: list[str]) -> types.ModuleType:
+def _import_user_module(path: str, data: bytes) -> tuple[types.ModuleType, list[str]]:
+    """The imported file and the user's folders (for their frames in errors)."""
+    plan = plan_import(path)
+    user_files = _user_paths(plan)
+    prepare_imports(plan)
+    if plan.module_name is None:
+        return _run_plain_file(path, data, user_files), user_files
+    return _import_from_package(plan.module_name, plan, user_files), user_files
+
+
+def _run_plain_file(path: str, data: bytes, user_files: list[str]) -> types.ModuleType:
+    """Execute a file that is not in a package as a fresh module with a unique name."""
     name = os.path.basename(path)
     try:
         code = compile(data, path, "exec")
     except SyntaxError as exc:
-        location, line = syntax_error_location(exc)
-        raise LoadError(
-            f"{location}: syntax error in {name}: {exc.msg}" + (f"\n    {line}" if line else ""),
-            location=location,
-            hint="Fix the line above and upload again.",
-        ) from None
+        raise _syntax_error(exc) from None
     stem = re.sub(r"\W", "_", os.path.splitext(name)[0])
     module = types.ModuleType(f"_inspector_user_{next(_counter)}_{stem}")
     module.__file__ = os.path.abspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
     sys.modules[module.__name__] = module  # dataclasses and pickling look the module up
     try:
         exec(code, module.__dict__)
+    except SyntaxError as exc:  # in a sibling module it imports
+        del sys.modules[module.__name__]
+        raise _syntax_error(exc) from None
     except Exception as exc:
         del sys.modules[module.__name__]
         raise user_code_error(LoadError, f"importing {name}", exc, user_files) from exc
     return module
+
+
+def _import_from_package(
+    module_name: str, plan: ImportPlan, user_files: list[str]
+) -> types.ModuleType:
+    """`import mypkg.model`: the package's __init__ files run first, as in the user's repo."""
+    name = os.path.basename(plan.path)
+    try:
+        module = importlib.import_module(module_name)
+    except SyntaxError as exc:
+        raise _syntax_error(exc) from None
+    except Exception as exc:
+        raise user_code_error(LoadError, f"importing {name}", exc, user_files) from exc
+    found = getattr(module, "__file__", None)
+    if not found or os.path.realpath(found) != plan.path:
+        raise LoadError(
+            f"importing {module_name} found {found or 'a module without a file'}, not {plan.path}.",
+            hint=f"Another module named {plan.package} is in the way: rename your package.",
+        )
+    return module
+
+
+def _syntax_error(exc: SyntaxError) -> LoadError:
+    location, line = syntax_error_location(exc)
+    where = os.path.basename(exc.filename or "") or "the model's code"
+    message = f"syntax error in {where}: {exc.msg}" + (f"\n    {line}" if line else "")
+    return LoadError(
+        f"{location}: {message}" if location else message,
+        location=location,
+        hint="Fix the line above and upload again.",
+    )
 
 
 def _candidates(module: types.ModuleType) -> list[str]:

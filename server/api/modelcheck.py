@@ -101,8 +101,21 @@ def _check_py(data: bytes, filename: str, entrypoint: str | None, aliases: set[s
             f"entrypoint {entrypoint!r} names {file_part!r}, but the uploaded file is "
             f"{filename!r}; use {filename}:{name}"
         )
-    _check_entry(parse_source(data, filename), filename, name)
+    tree = parse_source(data, filename)
+    _check_entry(tree, filename, name)
+    _check_standalone(tree, filename, name)
     return f"{filename}:{name}"
+
+
+def _check_standalone(tree: ast.Module, filename: str, name: str) -> None:
+    """A single file has no package around it, so its relative imports cannot work."""
+    for node in _relative_imports(tree)[:1]:
+        raise invalid(
+            f"{filename}:{node.lineno}: `{ast.unparse(node)}` is a relative import, and a "
+            "single file has no package around it. Upload a .zip of the package folder (with "
+            f"its __init__.py) and the entrypoint pkg/{filename}:{name}.",
+            {"file": filename, "line": node.lineno},
+        )
 
 
 def _check_zip_entry(path: Path, filename: str, entrypoint: str | None, names: list[str]) -> str:
@@ -120,8 +133,37 @@ def _check_zip_entry(path: Path, filename: str, entrypoint: str | None, names: l
         data = read_member(path, member, MAX_SOURCE_BYTES)
     except ZipRefused as exc:
         raise invalid(f"{filename}: {exc}") from exc
-    _check_entry(parse_source(data, member), member, name)
+    tree = parse_source(data, member)
+    _check_entry(tree, member, name)
+    _check_packages(tree, member, set(names), filename)
     return f"{member}:{name}"
+
+
+def _relative_imports(tree: ast.Module) -> list[ast.ImportFrom]:
+    """`from .x import y` statements at the top of the module. Those inside a function or
+    a `try` (a fallback for running as a script) are left to fail, or not, when run."""
+    return [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.level > 0]
+
+
+def _check_packages(tree: ast.Module, member: str, names: set[str], filename: str) -> None:
+    """The job imports `pkg/model.py` as `pkg.model` only when `pkg/` holds an
+    `__init__.py`: each relative import needs that, one folder further up per extra dot."""
+    for node in _relative_imports(tree):
+        missing = [i for i in _package_inits(member, node.level) if i not in names]
+        if missing:
+            raise invalid(
+                f"{member}:{node.lineno}: `{ast.unparse(node)}` is a relative import, but "
+                f"{filename} has no {missing[0]}: add an empty {missing[0]} so {member} is "
+                "imported as part of its package.",
+                {"file": member, "line": node.lineno, "missing": missing},
+            )
+
+
+def _package_inits(member: str, level: int) -> list[str]:
+    """The `__init__.py` files a relative import with `level` dots in `member` relies on."""
+    folder = PurePosixPath(member).parent
+    folders = [folder, *folder.parents][:level]
+    return [str(f / "__init__.py") for f in folders]
 
 
 def parse_source(data: bytes, filename: str) -> ast.Module:

@@ -102,7 +102,7 @@ def core_rows(device: str, quick: bool) -> list[str]:
         forward = counter.get_total_flops()
         out.float().pow(2).mean().backward()
     backward = counter.get_total_flops() - forward
-    meta = bool(ctx.scratch.get("graph.meta"))
+    meta = ctx.results.graph.on_meta
     device_seen = next((t.device for n in report.nodes for t in n.output_tensors), "-")
     rows = [
         ("capture, meta run", f"{report.capture.method}, meta={meta}", f"{seconds:.2f} s"),

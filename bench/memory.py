@@ -78,7 +78,7 @@ def compare(name: str) -> dict[str, Any]:
     real = context(model, Inputs(args, kwargs, {"B": batch}), factory, Options(fake=False))
     memory_pass.run(real)
     info = torchinfo_bytes(model, real.inputs)
-    measured = real.scratch["memory_measured"]
+    measured = real.results.memory_measured
     del model, real.loaded.model
     fake_mode = new_fake_mode()
     with building_under(fake_mode):
@@ -176,7 +176,7 @@ def llama70b(layers: int = 80, seq: int = 4096) -> dict[str, Any]:
     memory_pass.run(ctx)
     run_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    by_label = ctx.scratch["memory"].train.saved_by_label
+    by_label = ctx.results.memory.train.saved_by_label
     from inspector.memory.advice import subtree_bytes
 
     per_layer = subtree_bytes(by_label).get("model.layers.1", 0)

@@ -84,18 +84,18 @@ def _message(exc: BaseException) -> str:
 
 
 def _fx(ctx: Context) -> tuple[CaptureResult, Any]:
+    result = CaptureResult(method="fx", attempts=[])
     plain: Exception | None = None
     try:
         cap: FxCapture | GuidedCapture = trace_fx(ctx.model, ctx.inputs.args, ctx.inputs.kwargs)
     except Exception as exc:
         plain = exc
     if plain is not None:
-        cap = _guided(ctx, plain)
-    result = CaptureResult(method="fx", attempts=[], graph_module=cap.graph_module)
-    ctx.scratch["graph.fx_leaves"] = cap.leaves
+        cap = _guided(ctx, plain, result)
+    result.graph_module, result.fx_leaves = cap.graph_module, cap.leaves
     files = ctx.loaded.user_files
     if plain is not None:  # the guided trace got round plain fx's failure
-        ctx.scratch["graph.decisions"] = cap.decisions
+        result.decisions = cap.decisions
         taken = sum(d.why != "rank" for d in cap.decisions)
         text = (
             f"torch.fx.symbolic_trace failed ({type(plain).__name__}: {_message(plain)}); "
@@ -114,37 +114,43 @@ def _fx(ctx: Context) -> tuple[CaptureResult, Any]:
     return result, (text, cap.first_error, user_location(cap.first_error, files))
 
 
-def _guided(ctx: Context, plain: Exception) -> GuidedCapture:
+def _guided(ctx: Context, plain: Exception, result: CaptureResult) -> GuidedCapture:
     """fx guided by meta values (see guidedfx); raises `plain`, the error users can act
     on, when that fails too."""
     cap = None
     with suppress(Exception):
         inputs = ctx.inputs
-        cap = trace_guided(ctx.model, inputs.args, inputs.kwargs, stack_traces=_stacks(ctx))
+        result.stack_traces = _stacks(ctx)
+        cap = trace_guided(ctx.model, inputs.args, inputs.kwargs, stack_traces=result.stack_traces)
     if cap is None:  # raised outside a handler: the guided error is not its context
         raise plain
     return cap
 
 
 def _export(ctx: Context) -> tuple[CaptureResult, Any]:
-    ctx.scratch["graph.strip"] = WRAPPED
+    # our export wraps the model (see exportcapture.Flat): module paths carry its prefix
+    result = CaptureResult(method="export", attempts=[], strip=WRAPPED, stack_traces=_stacks(ctx))
     args, kwargs = ctx.inputs.args, ctx.inputs.kwargs
-    dynamic = _dynamic_axes(ctx)
+    dynamic = _dynamic_axes(ctx, result)
     if dynamic:  # one symbolic export replaces a re-export per named dim
         try:
-            ep, gm = _dynamic_export(ctx, dynamic)
-            ctx.scratch["graph.export_dynamic"] = True
-            ctx.scratch["graph.reexport"] = False  # perturbed runs re-run this graph
-            return CaptureResult(method="export", attempts=[], graph_module=gm, exported=ep), None
+            result.exported, result.graph_module = _dynamic_export(ctx, result, dynamic)
+            result.export_dynamic = True
+            result.reexport = False  # perturbed runs re-run this graph
+            return result, None
         except Exception:  # a static export may still work
             pass
-    ep, gm = export_graph(ctx.model, args, kwargs, ctx.fake_mode, stack_traces=_stacks(ctx))
-    ctx.scratch["graph.export_dynamic"] = False
-    ctx.scratch["graph.reexport"] = True  # its shapes are baked in
-    return CaptureResult(method="export", attempts=[], graph_module=gm, exported=ep), None
+    result.exported, result.graph_module = export_graph(
+        ctx.model, args, kwargs, ctx.fake_mode, stack_traces=result.stack_traces
+    )
+    result.export_dynamic = False
+    result.reexport = True  # its shapes are baked in
+    return result, None
 
 
-def _dynamic_export(ctx: Context, dynamic: list[list[int]]) -> tuple[Any, Any]:
+def _dynamic_export(
+    ctx: Context, result: CaptureResult, dynamic: list[list[int]]
+) -> tuple[Any, Any]:
     """Export with the named dims symbolic. Export fixes any dim of size 1, so a named dim
     of 1 (B=1) is exported at 2 and the graph, free of guards, runs at 1; the graph pass
     falls back to a static export should that run fail."""
@@ -153,25 +159,23 @@ def _dynamic_export(ctx: Context, dynamic: list[list[int]]) -> tuple[Any, Any]:
     if probe == dims:
         return export_graph(
             ctx.model, ctx.inputs.args, ctx.inputs.kwargs, ctx.fake_mode, dynamic,
-            stack_traces=_stacks(ctx),
+            stack_traces=result.stack_traces,
         )  # fmt: skip
     with ctx.fake_mode or nullcontext():
         inputs = ctx.factory.build(dims=probe, device=ctx.options.device)
-    ctx.scratch["graph.export_probe"] = True
+    result.export_probe = True  # set before exporting: stays set if the static one is used
     return export_graph(
         ctx.model, inputs.args, inputs.kwargs, ctx.fake_mode, dynamic, guards=False,
-        stack_traces=_stacks(ctx),
+        stack_traces=result.stack_traces,
     )  # fmt: skip
 
 
 def _stacks(ctx: Context) -> bool:
     """Record node stacks only where they can name a user line (see runs_user_code)."""
-    if "graph.stack_traces" not in ctx.scratch:
-        ctx.scratch["graph.stack_traces"] = runs_user_code(ctx.model, ctx.loaded.user_files)
-    return ctx.scratch["graph.stack_traces"]
+    return runs_user_code(ctx.model, ctx.loaded.user_files)
 
 
-def _dynamic_axes(ctx: Context) -> list[list[int]] | None:
+def _dynamic_axes(ctx: Context, result: CaptureResult) -> list[list[int]] | None:
     """Axes of the input tensors that move with a named dim (inputs rebuilt, fake, with
     each dim changed: no model run)."""
     dims = dict(ctx.inputs.dims)
@@ -189,7 +193,7 @@ def _dynamic_axes(ctx: Context) -> list[list[int]] | None:
         names.append(d)
     base = flat_tensors(ctx.inputs.args, ctx.inputs.kwargs)
     # which named dim moves each axis: the graph pass reads the symbols back by these
-    ctx.scratch["graph.axis_dims"] = _axis_dims(base, others, names)
+    result.axis_dims = _axis_dims(base, others, names)
     axes = moving_axes(base, others)
     return axes if any(axes) else None
 
@@ -208,7 +212,7 @@ def _axis_dims(base: list, others: list[list], names: list[str]) -> list[dict[in
 
 def _loaded_export(ctx: Context) -> tuple[CaptureResult, Any]:
     ep = ctx.loaded.exported
-    ctx.scratch["graph.strip"] = None  # no wrapper: module paths are the model's own
+    # no wrapper: module paths are the model's own (strip=None)
     return CaptureResult(method="export", attempts=[], graph_module=ep.module(), exported=ep), None
 
 
@@ -218,5 +222,5 @@ def _hooks(ctx: Context) -> tuple[CaptureResult, Any]:
         records = record_hooks(
             model, lambda: ctx.inputs.call(model), user_files=ctx.loaded.user_files
         )
-    ctx.scratch["graph.records"] = records  # the graph pass reuses this run
-    return CaptureResult(method="hooks", attempts=[]), None
+    # the graph pass reuses this run
+    return CaptureResult(method="hooks", attempts=[], records=records), None

@@ -3,20 +3,26 @@
 load (inspector.loaders.load) -> LoadedModel
 inputs (inspector.inputspec) -> InputFactory -> Inputs
 capture (inspector.capture) -> CaptureResult
-passes (inspector.passes) read a Context and fill `ctx.report`.
+passes (inspector.passes) read a Context and fill `ctx.report`; what one pass leaves for
+the later ones and for the rules is typed, on `ctx.results` (inspector.results).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from inspector.report import CaptureAttempt, Report
+from inspector.results import PassResults
 from inspector.schema.options import DEFAULT_DTYPE, DEFAULT_EXPORT, DEFAULT_OPTIMIZER
+
+if TYPE_CHECKING:  # the graph modules import this one
+    from inspector.graph.guidedfx import Decision
+    from inspector.graph.records import NodeRecord
 
 __all__ = ["Options", "Inputs", "InputFactory", "LoadedModel", "CaptureResult", "Context"]
 
@@ -100,6 +106,20 @@ class CaptureResult:
     attempts: list[CaptureAttempt]
     graph_module: torch.fx.GraphModule | None = None  # fx or export graph
     exported: Any = None  # ExportedProgram when method == "export"
+    # What capture decided about running this graph again, each set by the attempt named
+    # first (inspector/capture.py). The graph pass (passes/graph.py) turns `reexport` on
+    # and `export_dynamic` off when an export proves static, and takes `records` and
+    # `export_probe` once.
+    fx_leaves: list[str] = field(default_factory=list)  # fx: submodules kept whole
+    decisions: list[Decision] = field(default_factory=list)  # guided fx: branches it took
+    stack_traces: bool = True  # guided fx, export: nodes carry stacks (runs_user_code)
+    strip: str | None = None  # export: module path prefix of our wrapper (WRAPPED); .pt2: None
+    export_dynamic: bool = False  # export: the named dims are symbols in the graph
+    reexport: bool = True  # export: runs at other dims export again (its shapes are static)
+    export_probe: bool = False  # export: a named dim of 1 was exported at 2 (may not run at 1)
+    # export: per input tensor, {axis: the one named dim that moves it}
+    axis_dims: list[dict[int, str]] = field(default_factory=list)
+    records: list[NodeRecord] | None = None  # hooks: its recorded run, for the graph pass
 
 
 @dataclass
@@ -111,7 +131,10 @@ class Context:
     report: Report
     capture: CaptureResult | None = None
     fake_mode: Any = None  # the FakeTensorMode every fake run uses, when options.fake
-    scratch: dict[str, Any] = field(default_factory=dict)  # passes share results here
+    # A real model's fake side runs (other dims, backward FLOPs): made once, on first use,
+    # by graph.runner.perturb_fake_mode. Not `fake_mode`, which says the main runs are fake.
+    extra_fake_mode: Any = None
+    results: PassResults = field(default_factory=PassResults)  # what passes hand on
 
     @property
     def model(self) -> nn.Module:

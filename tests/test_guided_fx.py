@@ -266,7 +266,7 @@ def test_other_hugging_face_models_agree_with_torch_export(name: str) -> None:
     torch.manual_seed(0)
     ctx = make_ctx(lambda: _hf(name), ids, {"B": 2, "S": 8})
     guided = inspect_ctx(ctx)
-    assert guided.capture.method == "fx" and not ctx.scratch["graph.fx_leaves"]
+    assert guided.capture.method == "fx" and not ctx.capture.fx_leaves
     assert not guided.meta.warnings  # every dim symbolic: no decision moved with B or S
     export_ctx = make_ctx(lambda: _hf(name), ids, {"B": 2, "S": 8})
     export_ctx.capture, _ = capture._export(export_ctx)

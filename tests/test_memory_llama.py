@@ -81,7 +81,7 @@ def layer_bytes_by_hand(s: int, b: int, h: int, a: int, kv: int, f: int) -> int:
 def test_small_llama_layer_matches_hand_formula():
     ctx = _llama(layers=2, h=256, heads=8, kv=2, ffn=704, vocab=1000, seq=128)
     memory_pass.run(ctx)
-    per_layer = subtree_bytes(ctx.scratch["memory"].train.saved_by_label)["model.layers.1"]
+    per_layer = subtree_bytes(ctx.results.memory.train.saved_by_label)["model.layers.1"]
     assert per_layer == layer_bytes_by_hand(s=128, b=1, h=256, a=8, kv=2, f=704)
 
 
@@ -109,6 +109,6 @@ def test_llama_70b_dims_on_fake_tensors_stays_small():
     assert _peak_rss() - before < 1024**3  # far below 4 GiB; the weights alone are 7.1 GiB
     mem = ctx.report.memory
     assert mem.param_bytes > 7 * 1024**3
-    per_layer = subtree_bytes(ctx.scratch["memory"].train.saved_by_label)["model.layers.1"]
+    per_layer = subtree_bytes(ctx.results.memory.train.saved_by_label)["model.layers.1"]
     assert per_layer == layer_bytes_by_hand(s=4096, b=1, h=8192, a=64, kv=8, f=28672)
     assert mem.max_batch and mem.fixed_bytes and mem.per_sample_bytes

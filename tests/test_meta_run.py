@@ -15,9 +15,10 @@ from torch import nn
 from inspector import capture
 from inspector.passes import graph as graph_pass
 from inspector.report import Report
+from inspector.results import GraphRun
 
 
-def _run(name: str, *, meta: bool, fake: bool = False) -> tuple[Report, dict]:
+def _run(name: str, *, meta: bool, fake: bool = False) -> tuple[Report, GraphRun]:
     ctx = make_ctx(*MODELS[name], DIMS[name], fake=fake)
     saved = graph_pass._meta_records
     if not meta:
@@ -26,14 +27,14 @@ def _run(name: str, *, meta: bool, fake: bool = False) -> tuple[Report, dict]:
         report = inspect_ctx(ctx)
     finally:
         graph_pass._meta_records = saved
-    return report, ctx.scratch
+    return report, ctx.results.graph
 
 
 @cache
-def _pair(name: str) -> tuple[Report, dict, Report]:
-    with_meta, scratch = _run(name, meta=True)
+def _pair(name: str) -> tuple[Report, GraphRun, Report]:
+    with_meta, ran = _run(name, meta=True)
     without, _ = _run(name, meta=False)
-    return with_meta, scratch, without
+    return with_meta, ran, without
 
 
 @pytest.mark.parametrize("name", sorted(DIMS))
@@ -55,9 +56,9 @@ def test_meta_run_agrees_with_the_real_run(name: str) -> None:
 def test_counted_backward_equals_the_measured_backward(name: str) -> None:
     """Backward FLOPs from torch's backward formulas on the forward ops (meta run) equal
     those FlopCounterMode measures in a fake forward + backward, per module too."""
-    meta, scratch, measured = _pair(name)
+    meta, ran, measured = _pair(name)
     if name != "data_dependent":  # its `if x.sum() > 0` needs values: real run
-        assert scratch.get("graph.meta") and scratch.get("graph.backward_counted"), name
+        assert ran.on_meta and ran.backward_counted, name
     assert meta.totals.flops_backward == measured.totals.flops_backward > 0
     # per module, the measured numbers are not a reference: torch's module tracker puts
     # some backward ops in whatever module's backward is open (image's weight grad lands
@@ -79,7 +80,7 @@ def test_the_users_model_is_untouched_by_the_meta_run() -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     ctx = make_ctx(lambda: model, lambda B: ((torch.randn(B, 3, 32, 32),), {}), {"B": 2})
     inspect_ctx(ctx)
-    assert ctx.scratch["graph.meta"]
+    assert ctx.results.graph.on_meta
     after = model.state_dict()
     assert all(t.device.type == "cpu" for t in after.values())
     assert all(torch.equal(before[k], after[k]) for k in before)  # BatchNorm stats too
@@ -101,7 +102,7 @@ class ReadsAValue(nn.Module):
 def test_a_model_that_needs_values_runs_on_the_real_inputs() -> None:
     ctx = make_ctx(ReadsAValue, lambda B: ((torch.randn(B, 8),), {}), {"B": 3})
     report = inspect_ctx(ctx)
-    assert not ctx.scratch.get("graph.meta")
+    assert not ctx.results.graph.on_meta
     assert report.module("").output_shapes == [["B", 16]]
     # 2 * B * 8 * 8 forward; backward: weight grad only (the input needs none)
     assert report.totals.flops_forward == 384
@@ -125,7 +126,7 @@ class FrozenFirst(nn.Module):
 def test_backward_skips_frozen_layers_and_no_grad_blocks(fake: bool) -> None:
     ctx = make_ctx(FrozenFirst, lambda B: ((torch.randn(B, 16),), {}), {"B": 5}, fake=fake)
     report = inspect_ctx(ctx)
-    assert ctx.scratch["graph.backward_counted"]
+    assert ctx.results.graph.backward_counted
     # forward: a 2*5*16*32 + b twice 2*5*32*4 = 5120 + 2 * 1280
     assert report.totals.flops_forward == 5_120 + 2_560
     # backward: b's weight grad and input grad (2 * 1280); `a` is frozen and its input
@@ -144,7 +145,7 @@ def test_stacks_are_recorded_only_where_a_user_line_can_be_named() -> None:
     ctx = make_ctx(ShapeBranch, lambda B: ((torch.randn(B, 8),), {}), {"B": 2},
                    user_files=(__file__,))  # fmt: skip
     report = inspect_ctx(ctx)
-    assert report.capture.method == "fx" and ctx.scratch["graph.stack_traces"]
+    assert report.capture.method == "fx" and ctx.capture.stack_traces
     assert "symbolic_trace failed" in report.capture.attempts[0].error
     lines = {n.location for n in report.nodes if n.op == "call_function" and n.output_tensors}
     assert lines == {f"test_meta_run.py:{ShapeBranch.LINE}"}  # matmul, t, relu

@@ -70,7 +70,7 @@ def test_batchnorm_with_one_value_per_channel() -> None:
     ]:
         model.eval()  # fine in eval, fails in train
         ctx = run(model, x)
-        bn = ctx.scratch["modes.batchnorm"]["1"]
+        bn = ctx.results.batchnorm_inputs["1"]
         assert bn.values_per_channel == 1 and bn.shape[0] == 1
         assert "Expected more than 1 value per channel" in ctx.report.modes.error
         assert not model.training  # mode restored after the failing train() run
@@ -79,7 +79,7 @@ def test_batchnorm_with_one_value_per_channel() -> None:
 def test_values_per_channel() -> None:
     model = nn.Sequential(nn.Conv2d(3, 8, 1), nn.BatchNorm2d(8))
     ctx = run(model, torch.randn(2, 3, 3, 5))
-    assert ctx.scratch["modes.batchnorm"]["1"].values_per_channel == 2 * 3 * 5
+    assert ctx.results.batchnorm_inputs["1"].values_per_channel == 2 * 3 * 5
 
 
 def test_fake_mode_is_skipped() -> None:

@@ -69,7 +69,7 @@ def test_saturation() -> None:
 
 def test_nan_inf_counts_and_first_nan_node() -> None:
     ctx = run(Two("nan-forward"), torch.randn(3, 4))
-    result = ctx.scratch["numerics"]
+    result = ctx.results.numerics
     # log(h - h - 1) = log(-1) = NaN for all 3 x 4 values
     assert result.first_nan_node == "log"
     log = next(n.stats for n in ctx.report.nodes if n.name == "log")

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from inspector.context import Context, Inputs
-from inspector.graph.exportcapture import WRAPPED, export_graph, flat_tensors
+from inspector.graph.exportcapture import export_graph, flat_tensors
 from inspector.graph.fxcapture import fx_placeholder_values
 from inspector.graph.graphrun import record_graph
 from inspector.graph.hooks import record_hooks
@@ -47,13 +47,13 @@ def record_run(
             return record_graph(gm, values, count_flops=count_flops, user_files=files, watch=watch)
     if method == "export":
         gm = ctx.capture.graph_module
-        if not main and ctx.scratch.get("graph.reexport", True):
+        if not main and ctx.capture.reexport:
             # a static export bakes its shapes in: export again at these dims
             _, gm = export_graph(
                 model, inputs.args, inputs.kwargs, fake_mode,
-                stack_traces=ctx.scratch.get("graph.stack_traces", True),
+                stack_traces=ctx.capture.stack_traces,
             )  # fmt: skip
-        strip = ctx.scratch.get("graph.strip", WRAPPED)
+        strip = ctx.capture.strip
         flat = flat_tensors(inputs.args, inputs.kwargs)
         with fake_context(fake_mode):
             return record_graph(
@@ -83,9 +83,9 @@ def record_meta(
     strip = None
     if method == "fx":
         values = fx_placeholder_values(gm, ctx.model, inputs.args, inputs.kwargs)
-    elif method == "export" and (main or not ctx.scratch.get("graph.reexport", True)):
+    elif method == "export" and (main or not ctx.capture.reexport):
         values = flat_tensors(inputs.args, inputs.kwargs)
-        strip = ctx.scratch.get("graph.strip", WRAPPED)
+        strip = ctx.capture.strip
     else:
         raise ValueError(f"no meta run for a {method} capture here")
     device = single_device(gm, values)
@@ -106,9 +106,9 @@ def perturb_fake_mode(ctx: Context) -> Any:
     """The fake mode of the extra runs: the context's, or one made once for a real run."""
     if ctx.fake_mode is not None:
         return ctx.fake_mode
-    if "graph.fake_mode" not in ctx.scratch:
-        ctx.scratch["graph.fake_mode"] = new_fake_mode()
-    return ctx.scratch["graph.fake_mode"]
+    if ctx.extra_fake_mode is None:
+        ctx.extra_fake_mode = new_fake_mode()
+    return ctx.extra_fake_mode
 
 
 @contextmanager

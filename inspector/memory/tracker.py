@@ -3,7 +3,7 @@
 A `TorchDispatchMode` sees each aten op's outputs; a storage not seen before is a new
 allocation (views and in-place ops share their input's storage). A weak reference on the
 storage tells us when it is freed. The same code runs on real and on fake tensors, so the
-count is what the step really allocates at the op level (kernel-internal scratch is not
+count is what the step really allocates at the op level (kernel-internal workspace is not
 visible here). On CUDA the caching allocator rounds each block up to 512 bytes; pass
 `round_to=512` to count what `torch.cuda.memory_allocated` counts.
 """

@@ -30,7 +30,7 @@ def run(ctx: Context) -> None:
     with preserved(ctx.model):
         result = backward_once(ctx)
         graded = _node_grads(ctx) if result.backward_ran else None
-    ctx.scratch["gradients.run"] = result
+    ctx.results.gradients = result
     _fill(ctx, section, result, graded, th)
 
 

@@ -35,7 +35,6 @@ __all__ = ["run"]
 
 def run(ctx: Context) -> None:
     records = _main_records(ctx)
-    ctx.scratch["graph.records"] = records
     _symbolic(ctx, records)
     types = {p: type(m).__name__ for p, m in ctx.model.named_modules()}
     ctx.report.nodes = [_node(i, r, types) for i, r in enumerate(records)]
@@ -54,7 +53,7 @@ def _main_records(ctx: Context) -> list[NodeRecord]:
             "no capture method worked: nodes, shapes and FLOPs are missing (see capture)."
         )
         return []
-    cached = ctx.scratch.pop("graph.records", None)
+    cached, ctx.capture.records = ctx.capture.records, None  # taken once: let it go after
     if ctx.capture.method == "hooks" and cached is not None:
         return cached  # capture already ran the model with hooks
     records = _meta_records(ctx)
@@ -79,24 +78,28 @@ def _meta_records(ctx: Context) -> list[NodeRecord] | None:
             records = record_meta(ctx, ctx.inputs, training=training)
         except Exception:
             continue
-        ctx.scratch["graph.meta"] = True
-        counted = training and all(r.flops_backward is not None for r in records)
-        ctx.scratch["graph.backward_counted"] = counted
+        ran = ctx.results.graph
+        ran.on_meta = True
+        ran.backward_counted = training and all(r.flops_backward is not None for r in records)
         return records
     return None
 
 
 def _static_export_records(ctx: Context) -> list[NodeRecord] | None:
     """The graph exported at a named dim of 2 did not run at 1: export at the real dims."""
-    if not ctx.scratch.pop("graph.export_probe", False):
+    cap = ctx.capture
+    probed, cap.export_probe = cap.export_probe, False  # one fallback only
+    if not probed:
         return None
     try:
         ep, gm = export_graph(
             ctx.model, ctx.inputs.args, ctx.inputs.kwargs, ctx.fake_mode,
-            stack_traces=ctx.scratch.get("graph.stack_traces", True),
+            stack_traces=cap.stack_traces,
         )  # fmt: skip
-        ctx.capture.graph_module, ctx.capture.exported = gm, ep
-        ctx.scratch["graph.export_dynamic"], ctx.scratch["graph.reexport"] = False, True
+        # the capture is now this static export: its shapes are baked in, so the runs at
+        # other dims export again (and match its nodes by name)
+        cap.graph_module, cap.exported = gm, ep
+        cap.export_dynamic, cap.reexport = False, True
         with preserved_state(ctx.model, real=ctx.fake_mode is None):
             return record_run(ctx, ctx.inputs, ctx.fake_mode)
     except Exception:
@@ -149,7 +152,7 @@ def _symbolic(ctx: Context, records: list[NodeRecord]) -> None:
     if _symbolic_from_export(ctx, records):
         return
     mode = perturb_fake_mode(ctx)
-    decisions = ctx.scratch.get("graph.decisions") or []
+    decisions = ctx.capture.decisions
     specialized: dict[str, str] = {}  # dim -> the decision it changes
 
     def rerun(dim: str, value: int) -> list[NodeRecord] | None:
@@ -158,7 +161,7 @@ def _symbolic(ctx: Context, records: list[NodeRecord]) -> None:
             with mode:
                 inputs = ctx.factory.build(dims={**dims, dim: value}, device=ctx.options.device)
             records = None
-            if ctx.scratch.get("graph.meta"):
+            if ctx.results.graph.on_meta:
                 with suppress(Exception):  # e.g. a static export: run it the fake way
                     records = record_meta(ctx, inputs, main=False, watch=watch)
             if records is None:
@@ -175,7 +178,7 @@ def _symbolic(ctx: Context, records: list[NodeRecord]) -> None:
         return records
 
     # a re-exported graph may differ in its node list: match it by node name
-    by_name = ctx.capture.method == "export" and ctx.scratch.get("graph.reexport", True)
+    by_name = ctx.capture.method == "export" and ctx.capture.reexport
     failed = apply_sym_shapes(records, dims, rerun, by_name)
     if specialized:
         pinned = ", ".join(f"{d} ({at})" for d, at in specialized.items())
@@ -201,23 +204,24 @@ def _decided_at(ctx: Context, node: str) -> str:
 
 def _symbolic_from_export(ctx: Context, records: list[NodeRecord]) -> bool:
     """A symbolic export graph names its sizes itself: no extra runs needed."""
-    if not ctx.scratch.get("graph.export_dynamic"):
+    cap = ctx.capture
+    if not cap.export_dynamic:
         return False
-    gm = ctx.capture.graph_module
-    axis_dims = ctx.scratch.get("graph.axis_dims", [])
+    gm, axis_dims = cap.graph_module, cap.axis_dims
     names = symbol_names(gm, axis_dims)
     wanted = {d for axes in axis_dims for d in axes.values()}
     if not names or set(names.values()) != wanted:
-        # export kept a dim static (a size of 1 is always specialized): export again
-        # with each dim changed, and match nodes by name
-        ctx.scratch["graph.reexport"] = True
+        # export kept a dim static (a size of 1 is always specialized): the capture's
+        # decision not to re-export is overturned: export again with each dim changed,
+        # and match nodes by name
+        cap.reexport = True
         return False
     apply_meta_sym_shapes(gm, records, names, list(ctx.inputs.dims))
     return True
 
 
 def _backward(ctx: Context, records: list[NodeRecord]) -> tuple[int, dict[str, int]]:
-    if ctx.scratch.get("graph.backward_counted"):
+    if ctx.results.graph.backward_counted:
         return _by_module(records, lambda r: r.flops_backward or 0)
     try:
         with preserved_state(ctx.model, real=False):

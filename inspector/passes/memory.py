@@ -20,6 +20,7 @@ from inspector.memory.shadow import fake_shadow
 from inspector.memory.step import unique_tensors
 from inspector.memory.timeline import downsample
 from inspector.report import BatchPoint, MeasuredMemory, Memory
+from inspector.results import AutocastStep
 from inspector.units import ACCELERATOR_BUDGETS
 
 __all__ = ["run"]
@@ -35,7 +36,7 @@ def run(ctx: Context) -> None:
         _warn(ctx, f"memory analysis skipped: {type(exc).__name__}: {_first_line(exc)}")
         return
     ctx.report.meta.warnings.extend(a.warnings)
-    ctx.scratch["memory"] = a
+    ctx.results.memory = a
     _static(ctx, mem, a)
     _peaks(mem, a)
     for name, part in _PARTS:
@@ -107,7 +108,7 @@ def _graph_inputs(ctx: Context, a: Analysis) -> Inputs:
     takes the input tensors positionally."""
     gm = ctx.capture.graph_module
     flat = gm is not None and gm.meta.get(FLAT_INPUTS)  # an fx trace of the same wrapper
-    if flat or (ctx.capture.method == "export" and ctx.scratch.get("graph.strip") == WRAPPED):
+    if flat or (ctx.capture.method == "export" and ctx.capture.strip == WRAPPED):
         return Inputs(args=tuple(flat_tensors(a.inputs.args, a.inputs.kwargs)))
     return a.inputs
 
@@ -157,7 +158,7 @@ def _advice(ctx: Context, mem: Memory, a: Analysis) -> None:
     if a.opts.autocast is None and float32 and a.on_fake:
         bf16 = rerun(a, a.inputs, autocast=torch.bfloat16)
         peak = max(fb_peak(bf16), a.train.phase_peaks.get("optimizer", 0))
-        ctx.scratch["memory_bf16"] = (bf16.saved_bytes, fb_peak(bf16))
+        ctx.results.memory_bf16 = AutocastStep(bf16.saved_bytes, fb_peak(bf16))
         mem.advice.append(
             advice.autocast_advice(a.train.peak_bytes, a.train.saved_bytes, peak, bf16.saved_bytes)
         )
@@ -170,7 +171,7 @@ def _setups(ctx: Context, mem: Memory, a: Analysis) -> None:
     mode = a.opts.fake_mode or _fake_mode()
     blocks = [x.saving_bytes for x in mem.advice if x.kind == "checkpoint"]
     every = next((x.saving_bytes for x in mem.advice if x.kind == "checkpoint-all"), 0)
-    bf16_saved, bf16_fb = ctx.scratch.get("memory_bf16", (None, None))
+    bf16 = ctx.results.memory_bf16
     t = a.train
     mem.setups = setups.setups(
         setups.Measured(
@@ -182,8 +183,8 @@ def _setups(ctx: Context, mem: Memory, a: Analysis) -> None:
             saved_bytes=t.saved_bytes,
             fb_peak_bytes=fb_peak(t),
             step=setups.step_costs(trainable, names, mode),
-            bf16_saved_bytes=bf16_saved,
-            bf16_fb_peak_bytes=bf16_fb,
+            bf16_saved_bytes=bf16.saved_bytes if bf16 else None,
+            bf16_fb_peak_bytes=bf16.fb_peak_bytes if bf16 else None,
             checkpoint_saving_bytes=every,
             largest_block_bytes=max(blocks, default=0),
             checkpoint_kept_bytes=advice.unsaved_block_inputs(a.model, t) if every else 0,
@@ -218,7 +219,7 @@ def _measured(ctx: Context, mem: Memory, a: Analysis) -> None:
         train_peak_error=relative_error(mem.train_peak_bytes, m.train_peak_bytes),
         saved_activation_error=relative_error(mem.saved_activation_bytes, m.saved_activation_bytes),
     )
-    ctx.scratch["memory_measured"] = m
+    ctx.results.memory_measured = m
 
 
 def _real(a: Analysis) -> Any:

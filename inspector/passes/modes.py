@@ -38,7 +38,7 @@ def run(ctx: Context) -> None:
     section = ctx.report.modes
     section.mode_dependent_modules = mode_dependent(ctx.model)
     batchnorm: dict[str, BatchNormInput] = {}
-    ctx.scratch["modes.batchnorm"] = batchnorm
+    ctx.results.batchnorm_inputs = batchnorm  # filled by the train() run below
     if ctx.options.fake:
         section.error = FAKE_NOTE
         return

@@ -35,7 +35,7 @@ class NumericsResult:
 
 def run(ctx: Context) -> None:
     result = NumericsResult()
-    ctx.scratch["numerics"] = result
+    ctx.results.numerics = result
     if ctx.options.fake:
         result.error = FAKE_NOTE
         ctx.report.meta.warnings.append(FAKE_NOTE)

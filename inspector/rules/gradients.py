@@ -14,7 +14,7 @@ _LIST = 5  # names listed in one message
 
 
 def _run(ctx: Context) -> BackwardRun | None:
-    return ctx.scratch.get("gradients.run")
+    return ctx.results.gradients
 
 
 def _by_module(params: list[ParamGrad], verdict: str) -> dict[str, list[ParamGrad]]:

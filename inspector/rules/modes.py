@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from inspector.context import Context
+from inspector.health.modecheck import BatchNormInput
 from inspector.health.thresholds import resolve
 from inspector.report import Finding, Report
 from inspector.rules.registry import finding, rule
@@ -15,8 +16,8 @@ _BN_FIX = (
 )
 
 
-def _batchnorm(ctx: Context) -> list:
-    return list((ctx.scratch.get("modes.batchnorm") or {}).values())
+def _batchnorm(ctx: Context) -> list[BatchNormInput]:
+    return list(ctx.results.batchnorm_inputs.values())
 
 
 @rule("batchnorm-single-value", "error")

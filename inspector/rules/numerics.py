@@ -14,7 +14,7 @@ _LIST = 5
 
 def _stats(ctx: Context) -> list[tuple[str, str, NumericStats]]:
     """(node name, kind, stats) in forward order; empty when numerics did not run."""
-    result = ctx.scratch.get("numerics")
+    result = ctx.results.numerics
     if result is None or not result.computed:
         return []
     return [(name, result.kinds.get(name, ""), s) for name, s in result.stats.items()]
@@ -28,7 +28,7 @@ def _listed(names: list[str]) -> str:
 @rule("nan-activation", "error")
 def nan_activation(ctx: Context, report: Report) -> Iterator[Finding]:
     """The first node whose output holds NaN/Inf in the forward."""
-    result = ctx.scratch.get("numerics")
+    result = ctx.results.numerics
     first = result.first_nan_node if result is not None else None
     if first is None:
         return

@@ -1,0 +1,45 @@
+"""What the passes leave for the later passes, the rules, tests and benchmarks: one typed
+field per result on `ctx.results`, written by one pass. The report holds what users see;
+these hold the working data behind it (a pass that did not run leaves its default)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # these modules import inspector.context, which imports this one
+    from inspector.health.backprop import BackwardRun
+    from inspector.health.modecheck import BatchNormInput
+    from inspector.memory.analysis import Analysis
+    from inspector.memory.measure import Measurement
+    from inspector.passes.numerics import NumericsResult
+
+__all__ = ["PassResults", "GraphRun", "AutocastStep"]
+
+
+@dataclass
+class GraphRun:
+    """How the graph pass's main run went; the pass's later steps follow it."""
+
+    on_meta: bool = False  # it ran on meta tensors: the runs at other dims try meta too
+    backward_counted: bool = False  # it counted every node's backward FLOPs: no fake backward
+
+
+@dataclass
+class AutocastStep:
+    """The training step again under bf16 autocast (memory advice; the set-ups reuse it)."""
+
+    saved_bytes: int  # activations saved for backward
+    fb_peak_bytes: int  # peak over forward and backward (see memory.analysis.fb_peak)
+
+
+@dataclass
+class PassResults:
+    graph: GraphRun = field(default_factory=GraphRun)  # passes/graph.py
+    memory: Analysis | None = None  # passes/memory.py: the estimate's full analysis
+    memory_bf16: AutocastStep | None = None  # passes/memory.py, fake float32 models only
+    memory_measured: Measurement | None = None  # passes/memory.py, real runs only
+    gradients: BackwardRun | None = None  # passes/gradients.py: the forward + backward
+    numerics: NumericsResult | None = None  # passes/numerics.py
+    # passes/modes.py: BatchNorm inputs of the train() forward, by module path
+    batchnorm_inputs: dict[str, BatchNormInput] = field(default_factory=dict)

@@ -250,10 +250,11 @@ def test_training_setups_table(tmp_path):
 def _library_findings(report, kinds: dict[str, str], stats: dict[str, NumericStats]) -> list:
     """What inspector.rules.numerics finds for these stats, at the library's thresholds."""
     from inspector.context import Options
+    from inspector.results import PassResults
     from inspector.rules.numerics import dead_relu
 
     numerics = SimpleNamespace(computed=True, kinds=kinds, stats=stats, first_nan_node=None)
-    ctx = SimpleNamespace(scratch={"numerics": numerics}, options=Options())
+    ctx = SimpleNamespace(results=PassResults(numerics=numerics), options=Options())
     return list(dead_relu(ctx, report))
 
 

@@ -73,6 +73,7 @@ class LiveTracker(TorchDispatchMode):
         self._last_backward: str | None = None
         self.tag_backward = True  # label backward ops by their autograd node's tag
         self._gc_was_enabled = False
+        self.op_count = 0  # aten ops seen: what a fake run costs, whatever the sizes
 
     # Frees are seen through weakref callbacks: a tensor kept by a reference cycle would
     # die whenever the cycle collector happens to run, making peaks vary run to run. No
@@ -131,6 +132,7 @@ class LiveTracker(TorchDispatchMode):
                     self.mark(self._last_backward)
                 self._last_backward = label
         out = func(*args, **(kwargs or {}))
+        self.op_count += 1
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self.add(t, "step", label)

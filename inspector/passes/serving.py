@@ -24,6 +24,7 @@ __all__ = ["run", "wanted", "SEQUENCE_DIM", "TABLE_CONTEXTS"]
 
 SEQUENCE_DIM = "S"
 TABLE_CONTEXTS = (4096, 8192, 32768)
+MAX_TABLE_OPS = 200_000  # a fake prefill past this many ops is left out of the table
 _CHECK_SEQUENCES = 4  # the decode line is checked against a measured step at this many
 _AUTO_KINDS = ("preset", "hf-config")
 
@@ -109,13 +110,14 @@ def _measure(ctx: Context, section: Serving) -> None:
     section.batch, section.context = batch, context
     section.weights_bytes, section.weights_bytes_by_dtype = weights.stored, weights.by_dtype
     section.weights_int8_bytes, section.weights_int4_bytes = weights.int8, weights.int4
-    one = r.prefill(1, context)
-    section.layers = _layers(r.prefill(1, 1), r.prefill(1, 2), one, context)
+    one, at_1, at_2 = r.prefill(1, context), r.prefill(1, 1), r.prefill(1, 2)
+    section.layers = _layers(at_1, at_2, one, context)
     section.kv_bytes_per_token = sum(layer.bytes_per_token for layer in section.layers)
     section.cache_fixed_bytes = sum(layer.fixed_bytes for layer in section.layers)
     section.cache_bytes_per_sequence = one.cache_bytes
     section.prefill_peak_bytes = (one if batch == 1 else r.prefill(batch, context)).peak_bytes
-    table_steps = _table_steps(r, ctx, context, one)  # before `one.cache` is consumed
+    ops_per_token = at_2.op_count - at_1.op_count  # > 0: the model loops over tokens
+    table_steps, skipped = _table_steps(r, ctx, context, one, at_1.op_count, ops_per_token)
     line = DecodeLine.through(
         r.decode(1, context, one.cache).peak_bytes, r.decode(2, context).peak_bytes
     )
@@ -127,7 +129,7 @@ def _measure(ctx: Context, section: Serving) -> None:
     budgets = sorted(set(ACCELERATOR_BUDGETS) | set(ctx.options.budgets_bytes))
     section.max_concurrent_sequences = _fits(budgets, one, line)
     section.table = _table(table_steps, budgets, line, one)
-    section.notes = _notes(r.model)
+    section.notes = _notes(r.model) + _skipped_note(skipped)
     section.computed = True
 
 
@@ -153,12 +155,28 @@ def _layers(
 
 
 def _table_steps(
-    r: _Runner, ctx: Context, context: int, one: StepMemory
-) -> list[tuple[StepMemory, int]]:
-    """A prefill of one sequence at each table context the model's positions allow."""
+    r: _Runner, ctx: Context, context: int, one: StepMemory, ops_1: int, ops_per_token: int
+) -> tuple[list[tuple[StepMemory, int]], list[int]]:
+    """A prefill of one sequence at each table context the model's positions allow, and
+    the contexts left out because the model runs an op sequence per token (Mamba's slow
+    path) whose fake run would take too long there."""
     limit = _max_positions(ctx.model)
-    contexts = [c for c in sorted({context, *TABLE_CONTEXTS}) if limit is None or c <= limit]
-    return [(one if c == context else r.prefill(1, c), c) for c in contexts]
+    steps, skipped = [], []
+    for c in sorted({context, *TABLE_CONTEXTS}):
+        if limit is not None and c > limit:
+            continue
+        if c != context and ops_1 + ops_per_token * (c - 1) > MAX_TABLE_OPS:
+            skipped.append(c)
+            continue
+        steps.append((one if c == context else r.prefill(1, c), c))
+    return steps, skipped
+
+
+def _skipped_note(skipped: list[int]) -> list[str]:
+    if not skipped:
+        return []
+    contexts = ", ".join(f"{c:,}" for c in skipped)
+    return [f"contexts {contexts} not measured: the model runs its ops once per token there"]
 
 
 def _table(

@@ -2,8 +2,11 @@
 
 A cache is whatever the model returns for reuse at the next step: a Hugging Face `Cache`
 object (`DynamicCache` with one layer object per decoder layer), a legacy tuple of
-(key, value) pairs, or a model file's own structure. Its bytes are those of every tensor
-reachable from it, each storage once.
+(key, value) pairs, or a model file's own structure. Its bytes are what its tensors hold
+(numel x item size, each view once), not their storages: right after a prefill a
+sliding-window layer keeps a window-long view of the whole prompt's keys, and the
+excess goes with the first decode step; a server holds the window. Scalar bookkeeping
+tensors (a layer's window size) are not counted.
 """
 
 from __future__ import annotations
@@ -63,13 +66,13 @@ def tensors_in(obj: Any, depth: int = 0, seen: set[int] | None = None) -> Iterat
             yield from tensors_in(value, depth + 1, seen)
 
 
-def _bytes(tensors: Iterator[torch.Tensor], counted: set[int]) -> int:
+def _bytes(tensors: Iterator[torch.Tensor], counted: set[tuple]) -> int:
     total = 0
     for t in tensors:
-        key = storage_key(t)
-        if key not in counted:
+        key = (storage_key(t), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        if t.dim() > 0 and key not in counted:
             counted.add(key)
-            total += t.untyped_storage().nbytes()
+            total += t.numel() * t.element_size()
     return total
 
 
@@ -81,7 +84,7 @@ class LayerBytes:
 
 def layer_bytes(cache: Any) -> list[LayerBytes]:
     """Bytes per cache layer (one entry for a cache without layers)."""
-    counted: set[int] = set()
+    counted: set[tuple] = set()
     layers = getattr(cache, "layers", None)
     if isinstance(layers, list | tuple) and layers:
         return [LayerBytes(type(la).__name__, _bytes(tensors_in(la), counted)) for la in layers]

@@ -29,6 +29,7 @@ class StepMemory:
     peak_bytes: int
     cache: Any  # the cache after the step
     layers: list[LayerBytes]
+    op_count: int = 0  # aten ops the step ran (a model that loops over tokens: grows with S)
 
     @property
     def cache_bytes(self) -> int:
@@ -48,7 +49,7 @@ def serving_kwargs(model: nn.Module) -> dict[str, Any]:
     return kwargs
 
 
-def _tracked(model: nn.Module, resident: list[torch.Tensor], call: Any) -> tuple[int, Any]:
+def _tracked(model: nn.Module, resident: list[torch.Tensor], call: Any) -> tuple[LiveTracker, Any]:
     """The peak of `call()` with the model and `resident` counted from the start. The
     tracker holds no reference to `resident`: a cache layer the step replaces (transformers
     concatenates a new one) is freed when the model drops it, as in a real decode loop."""
@@ -58,7 +59,7 @@ def _tracked(model: nn.Module, resident: list[torch.Tensor], call: Any) -> tuple
     resident.clear()
     with torch.no_grad(), tracker:
         output = call()
-    return tracker.peak, output
+    return tracker, output
 
 
 def prefill(model: nn.Module, inputs: Inputs, fake_mode: Any) -> StepMemory:
@@ -66,9 +67,8 @@ def prefill(model: nn.Module, inputs: Inputs, fake_mode: Any) -> StepMemory:
     model.eval()
     kwargs = {**inputs.kwargs, **serving_kwargs(model)}
     with fake_mode:
-        peak, output = _tracked(model, inputs.tensors(), lambda: model(*inputs.args, **kwargs))
-    cache = cache_of(output)
-    return StepMemory(peak, cache, layer_bytes(cache) if cache is not None else [])
+        tracker, output = _tracked(model, inputs.tensors(), lambda: model(*inputs.args, **kwargs))
+    return _step(tracker, cache_of(output))
 
 
 def decode(
@@ -77,9 +77,12 @@ def decode(
     """One decode step: the next token of each sequence, reading (and growing) `cache`."""
     model.eval()
     kwargs = {cache_name: cache, **serving_kwargs(model)}
+    resident = [tokens, *tensors_in(cache)]
     with fake_mode:
-        peak, output = _tracked(
-            model, [tokens, *tensors_in(cache)], lambda: model(tokens, **kwargs)
-        )
-    after = cache_of(output)
-    return StepMemory(peak, after, layer_bytes(after) if after is not None else [])
+        tracker, output = _tracked(model, resident, lambda: model(tokens, **kwargs))
+    return _step(tracker, cache_of(output))
+
+
+def _step(tracker: LiveTracker, cache: Any) -> StepMemory:
+    layers = layer_bytes(cache) if cache is not None else []
+    return StepMemory(tracker.peak, cache, layers, tracker.op_count)

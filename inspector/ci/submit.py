@@ -29,7 +29,7 @@ from inspector.ci.gates import (
 from inspector.ci.upload_source import resolve_input, resolve_model
 from inspector.errors import UserError
 from inspector.schema.figures import FIGURES
-from inspector.schema.options import AUTOCAST_DTYPES, DEVICES, OPTIMIZERS
+from inspector.schema.options import AUTOCAST_DTYPES, DEVICES, OPTIMIZERS, SERVING_CHOICES
 from inspector.units import parse_size
 
 __all__ = ["add_arguments", "submit", "SubmitError", "EXIT_OK", "EXIT_GATES", "EXIT_ERROR"]
@@ -76,6 +76,7 @@ def _add_analysis(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=AUTOCAST_DTYPES)
     p.add_argument("--device", choices=DEVICES)
     p.add_argument("--fake", action="store_true", help="fake tensors: no weights allocated")
+    p.add_argument("--serving", choices=SERVING_CHOICES, help="serving memory (default auto)")
 
 
 def _add_gates(p: argparse.ArgumentParser) -> None:
@@ -185,6 +186,7 @@ def _form(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": args.dtype,
         "device": args.device,
         "fake": "true" if args.fake else None,
+        "serving": args.serving,
     }
 
 

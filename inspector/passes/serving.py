@@ -116,8 +116,10 @@ def _measure(ctx: Context, section: Serving) -> None:
     section.cache_fixed_bytes = sum(layer.fixed_bytes for layer in section.layers)
     section.cache_bytes_per_sequence = one.cache_bytes
     section.prefill_peak_bytes = (one if batch == 1 else r.prefill(batch, context)).peak_bytes
-    ops_per_token = at_2.op_count - at_1.op_count  # > 0: the model loops over tokens
-    table_steps, skipped = _table_steps(r, ctx, context, one, at_1.op_count, ops_per_token)
+    # ops per token > 0: the model loops over tokens (from 2 tokens on: one token can
+    # take a decode-like path of its own)
+    per_token = (one.op_count - at_2.op_count) / max(context - 2, 1)
+    table_steps, skipped = _table_steps(r, ctx, context, one, per_token)
     line = DecodeLine.through(
         r.decode(1, context, one.cache).peak_bytes, r.decode(2, context).peak_bytes
     )
@@ -155,7 +157,7 @@ def _layers(
 
 
 def _table_steps(
-    r: _Runner, ctx: Context, context: int, one: StepMemory, ops_1: int, ops_per_token: int
+    r: _Runner, ctx: Context, context: int, one: StepMemory, ops_per_token: float
 ) -> tuple[list[tuple[StepMemory, int]], list[int]]:
     """A prefill of one sequence at each table context the model's positions allow, and
     the contexts left out because the model runs an op sequence per token (Mamba's slow
@@ -165,7 +167,7 @@ def _table_steps(
     for c in sorted({context, *TABLE_CONTEXTS}):
         if limit is not None and c > limit:
             continue
-        if c != context and ops_1 + ops_per_token * (c - 1) > MAX_TABLE_OPS:
+        if c != context and one.op_count + ops_per_token * (c - context) > MAX_TABLE_OPS:
             skipped.append(c)
             continue
         steps.append((one if c == context else r.prefill(1, c), c))

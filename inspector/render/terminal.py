@@ -48,7 +48,7 @@ def render_terminal(
         _print_failure(report, console)
         return
     _print_module_table(report, depth, console)
-    for section in (_summary, _memory, _advice, _setups, _gradients, _export):
+    for section in (_summary, _memory, _advice, _setups, _serving, _gradients, _export):
         grid = section(report)
         if grid is not None:
             console.print(grid)
@@ -352,6 +352,38 @@ def _setups(report: Report) -> Group | None:
             style=style,
         )
     return Group(Text("\nTraining set-ups (same model and batch)", style="bold"), table)
+
+
+def _serving(report: Report) -> Group | None:
+    """Serving memory: weights, the cache per token and per sequence, the peaks, and how
+    many sequences fit each budget (the table: one row per context)."""
+    s = report.serving
+    if not s.computed:
+        return _grid("Serving", [("Not measured", s.reason)]) if s.reason else None
+    weights = f"{format_bytes(s.weights_bytes)} (int8 {format_bytes(s.weights_int8_bytes)}"
+    kinds = sorted({layer.kind for layer in s.layers})
+    lines = [
+        ("Weights", weights + f", int4 {format_bytes(s.weights_int4_bytes)})"),
+        (_label("kv_bytes_per_token"), f"{format_bytes(s.kv_bytes_per_token)} "
+         f"({len(s.layers)} layers: {', '.join(kinds)})"),
+        ("Cache per sequence", f"{format_bytes(s.cache_bytes_per_sequence)} at {s.context:,} "
+         "tokens" + (f" + {format_bytes(s.cache_fixed_bytes)} state" if s.cache_fixed_bytes
+                     else "")),
+        (_label("prefill_peak_bytes"), f"{format_bytes(s.prefill_peak_bytes)} at "
+         f"[{s.batch}, {s.context:,}]"),
+        ("Decode peak", f"{format_bytes(s.decode_peak_bytes)} (one step of {s.batch} "
+         f"sequence{'s' if s.batch != 1 else ''})"),
+    ]  # fmt: skip
+    lines += [("", note) for note in s.notes]
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    budgets = sorted({int(b) for row in s.table for b in row.max_concurrent_sequences})
+    for name in ("Context", "Cache / sequence", *(budget_label(b) for b in budgets)):
+        table.add_column(name, justify="right")
+    for row in s.table:
+        fits = [f"{row.max_concurrent_sequences.get(str(b), 0):,}" for b in budgets]
+        table.add_row(f"{row.context:,}", format_bytes(row.cache_bytes_per_sequence), *fits)
+    title = Text("\nSequences that fit (prefill one at a time, decode together)", style="bold")
+    return Group(_grid("Serving", lines), title, table)
 
 
 def _advice(report: Report) -> Group | None:

@@ -66,6 +66,10 @@ _ALL = (
     Figure("train_peak_bytes", "Training-step peak", "bytes",
            lambda r: r.memory.train_peak_bytes),
     Figure("node_count", "Graph nodes", "count", lambda r: r.capture.node_count),
+    Figure("kv_bytes_per_token", "KV cache per token", "bytes",
+           lambda r: r.serving.kv_bytes_per_token),
+    Figure("prefill_peak_bytes", "Prefill peak", "bytes",
+           lambda r: r.serving.prefill_peak_bytes),
     Figure("findings_errors", "Errors", "count", _findings("error")),
     Figure("findings_warnings", "Warnings", "count", _findings("warning")),
 )  # fmt: skip
@@ -80,6 +84,7 @@ SUMMARY_FIGURES = (
     "saved_activation_bytes",
     "forward_peak_bytes",
     "train_peak_bytes",
+    "kv_bytes_per_token",
 )
 
 

@@ -21,6 +21,9 @@ __all__ = [
     "autocast_dtype",
     "device_choice",
     "export_level",
+    "SERVING_CHOICES",
+    "DEFAULT_SERVING",
+    "serving_choice",
 ]
 
 # Optimizer state in the memory figures; "none" means forward and backward only.
@@ -44,6 +47,12 @@ EXPORT_LEVELS = ("none", "fast", "all")
 DEFAULT_EXPORT = "fast"
 
 
+# Serving memory: auto (on for presets and configs of decoder LMs), on, off.
+SERVING_CHOICES = ("auto", "on", "off")
+DEFAULT_SERVING = "auto"
+_SERVING = {"auto": None, "on": True, "off": False}
+
+
 class OptionError(ValueError):
     """An option value outside its choices; the message names the choices."""
 
@@ -65,6 +74,11 @@ def device_choice(value: str) -> str:
 
 def export_level(value: str) -> str:
     return _choice("export", value, EXPORT_LEVELS)
+
+
+def serving_choice(value: str) -> bool | None:
+    """'auto' -> None (the pass decides), 'on' -> True, 'off' -> False."""
+    return _SERVING[_choice("serving", value, SERVING_CHOICES)]
 
 
 def autocast_dtype(value: str) -> str:

@@ -15,6 +15,7 @@ from inspector.schema.options import (
     DEFAULT_DTYPE,
     DEFAULT_EXPORT,
     DEFAULT_OPTIMIZER,
+    DEFAULT_SERVING,
     DEVICES,
     OPTIMIZERS,
 )
@@ -168,6 +169,9 @@ def create_report(
         DEFAULT_EXPORT,
         description="export readiness: none, fast (export, TorchScript), all (+ONNX)",
     ),
+    serving: str = Form(
+        DEFAULT_SERVING, description="serving memory: auto (decoder LM presets/configs), on, off"
+    ),
 ) -> CreatedReport:
     """Upload a model (and its input) to be inspected; returns the report's links."""
     settings: Settings = request.app.state.settings
@@ -176,7 +180,7 @@ def create_report(
     tag_dict = parse_tags(tags)
     options = parse_options(
         optimizer=optimizer, dtype=dtype, device=device, fake=fake, budget=budget,
-        default_device=settings.device, export=export,
+        default_device=settings.device, export=export, serving=serving,
     )  # fmt: skip
     with ExitStack() as stack:
         if preset:

@@ -6,11 +6,13 @@ from typing import Any
 
 from inspector.schema.options import (
     DEFAULT_EXPORT,
+    DEFAULT_SERVING,
     OptionError,
     autocast_dtype,
     device_choice,
     export_level,
     optimizer_choice,
+    serving_choice,
 )
 from inspector.units import parse_size
 from server.api.errors import ApiError
@@ -58,6 +60,7 @@ def parse_options(
     budget: str | None,
     default_device: str,
     export: str = DEFAULT_EXPORT,
+    serving: str = DEFAULT_SERVING,
 ) -> dict[str, Any]:
     """The options the job child hands to `inspector.analyze` (names of `Options` fields)."""
     try:
@@ -66,6 +69,7 @@ def parse_options(
             "dtype": autocast_dtype(dtype),
             "device": device_choice(device or default_device),
             "export": export_level(export),
+            "serving": serving_choice(serving),
         }
     except OptionError as exc:
         raise _invalid(str(exc)) from None

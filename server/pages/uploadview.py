@@ -10,9 +10,11 @@ from inspector.schema.options import (
     DEFAULT_DTYPE,
     DEFAULT_EXPORT,
     DEFAULT_OPTIMIZER,
+    DEFAULT_SERVING,
     DEVICES,
     EXPORT_LEVELS,
     OPTIMIZERS,
+    SERVING_CHOICES,
 )
 from inspector.schema.presets import PRESETS, preset_names
 
@@ -33,6 +35,7 @@ def option_selects(default_device: str) -> list[dict[str, Any]]:
         _select("dtype", "Autocast dtype", AUTOCAST_DTYPES, DEFAULT_DTYPE),
         _select("device", "Device", DEVICES, default_device),
         _select("export", "Export check", EXPORT_LEVELS, DEFAULT_EXPORT),
+        _select("serving", "Serving memory", SERVING_CHOICES, DEFAULT_SERVING),
     ]
 
 

@@ -366,4 +366,4 @@ def test_an_upload_with_the_forms_options_records_them(tmp_path, monkeypatch):
         r = upload(env, data=form | {"fake": "true", "budget": "24GiB"})
         assert r.status_code == 201, r.text
         options = env.job(r.json()["slug"]).options
-    assert options == form | {"fake": True, "budgets_bytes": [24 * 1024**3]}
+    assert options == form | {"fake": True, "budgets_bytes": [24 * 1024**3], "serving": None}

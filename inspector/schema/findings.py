@@ -8,7 +8,15 @@ numeric health) without importing the rules, which need torch.
 
 from __future__ import annotations
 
-__all__ = ["SEVERITIES", "SEVERITY_ORDER", "RULE_THEMES", "RULE_IDS", "CRASHED_RULE", "rules_of"]
+__all__ = [
+    "SEVERITIES",
+    "SEVERITY_ORDER",
+    "RULE_THEMES",
+    "RULE_IDS",
+    "CRASHED_RULE",
+    "PROBLEM_VERDICTS",
+    "rules_of",
+]
 
 SEVERITIES = ("error", "warning", "info")  # most severe first
 SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
@@ -51,6 +59,18 @@ RULE_THEMES: dict[str, tuple[str, ...]] = {
 }
 RULE_IDS = frozenset(rule for rules in RULE_THEMES.values() for rule in rules)
 CRASHED_RULE = "rule-crashed"  # a rule that raised: our bug, reported as info
+
+# Gradient verdicts (report.gradients.params[].verdict, .layers[].verdict) that are problems,
+# and the rule whose finding reports each: a table shows a verdict as a problem only when
+# the findings do too. The others: ok, frozen (not trained), gated (a near-zero layer scale
+# or zero-initialised norm silences its block at initialisation, by design).
+PROBLEM_VERDICTS: dict[str, str] = {
+    "nan": "nan-gradient",
+    "cut": "grad-path-cut",
+    "unused": "unused-parameter",
+    "vanishing": "vanishing-gradient",
+    "exploding": "exploding-gradient",
+}
 
 
 def rules_of(theme: str) -> frozenset[str]:

@@ -13,6 +13,7 @@ from jinja2 import Environment, FileSystemLoader
 from markupsafe import Markup
 
 from inspector.schema.figures import FIGURES
+from inspector.schema.findings import PROBLEM_VERDICTS
 from inspector.schema.statuses import JOB_STATUSES, status_label
 from inspector.units import format_bytes, format_count
 from server.pages.formats import pct, shape, when
@@ -28,6 +29,7 @@ def _make_env() -> Environment:
     env.filters.update(bytes=format_bytes, count=format_count, shape=shape, pct=pct)
     env.filters.update(status_label=status_label, when=when)
     env.globals["figures"] = FIGURES  # labels: {{ figures.train_peak_bytes.label }}
+    env.globals["problem_verdicts"] = list(PROBLEM_VERDICTS)  # gradient verdicts to flag
     # Key order carries meaning in reports (forward order); sorting also costs time.
     env.policies["json.dumps_kwargs"] = {"sort_keys": False}
     return env

@@ -3,7 +3,7 @@
 const MGICharts = (() => {
   const CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d"] };
   const COLORS = { forward: "#3b5bdb", backward: "#f79009", optimizer: "#12b76a", a: "#98a2b3", b: "#3b5bdb" };
-  const VERDICT_COLORS = { ok: "#3b5bdb", vanishing: "#7a5af8", exploding: "#d92d20", nan: "#d92d20", cut: "#d92d20", unused: "#98a2b3", frozen: "#98a2b3" };
+  const VERDICT_COLORS = { ok: "#3b5bdb", vanishing: "#7a5af8", exploding: "#d92d20", nan: "#d92d20", cut: "#d92d20", unused: "#98a2b3", frozen: "#98a2b3", gated: "#98a2b3" };
 
   function layout(extra) {
     return Object.assign({

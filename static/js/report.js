@@ -8,6 +8,7 @@
   const $ = (id) => document.getElementById(id);
   const findingsAt = new Map();
   (report.findings || []).forEach((f) => { if (!findingsAt.has(f.where)) findingsAt.set(f.where, []); findingsAt.get(f.where).push(f); });
+  const problemVerdicts = new Set((data || {}).problem_verdicts || []);  // inspector.schema.findings
   const gradVerdict = new Map(((report.gradients || {}).layers || []).map((g) => [g.module_path, g.verdict]));
   const nodeNames = new Set((report.nodes || []).map((n) => n.name));
   const modulePaths = new Set((report.modules || []).map((m) => m.path));
@@ -23,7 +24,7 @@
     const rows = new Map();
     for (const m of report.modules || []) {
       const verdict = gradVerdict.get(m.path);
-      const extra = verdict && verdict !== "ok" ? [{ sev: "warning", text: `grad ${verdict}` }] : [];
+      const extra = problemVerdicts.has(verdict) ? [{ sev: "warning", text: `grad ${verdict}` }] : [];
       if ((m.tied_params || []).length) extra.push({ sev: "info", text: "tied" });
       rows.set(m.path, {
         path: m.path, label: m.path === "" ? "(root)" : m.path.split(".").pop(), type: m.type,

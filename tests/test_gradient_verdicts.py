@@ -1,0 +1,145 @@
+"""Gradient verdicts on healthy standard designs at initialisation: no false alarms, and the
+table (per-parameter verdicts) never disagrees with the findings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_rules import Two
+from torch import nn
+
+from inspector.health.adhoc import context_for
+from inspector.passes import findings, gradients
+from inspector.schema.findings import PROBLEM_VERDICTS
+
+
+def run(model: nn.Module, *args: torch.Tensor):
+    ctx = context_for(model, args, user_files=[__file__])
+    gradients.run(ctx)
+    findings.run(ctx)
+    return ctx
+
+
+def conv_block(cin: int, cout: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+        nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+    )  # fmt: skip
+
+
+class UNet(nn.Module):
+    """Sequential encoder/decoder blocks with BatchNorm, skip concats and a 1x1 conv head
+    whose bias starts near zero (issue #16: its bias was called "exploding")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.enc1, self.enc2 = conv_block(3, 8), conv_block(8, 16)
+        self.pool = nn.MaxPool2d(2)
+        self.mid = conv_block(16, 16)
+        self.up = nn.Upsample(scale_factor=2)
+        self.dec2, self.dec1 = conv_block(32, 8), conv_block(16, 8)
+        self.head = nn.Conv2d(8, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e1 = self.enc1(x)
+        e2 = self.enc2(self.pool(e1))
+        m = self.mid(self.pool(e2))
+        d2 = self.dec2(torch.cat([self.up(m), e2], 1))
+        d1 = self.dec1(torch.cat([self.up(d2), e1], 1))
+        return self.head(d1)
+
+
+class LayerScaleBlock(nn.Module):
+    """ConvNeXt/CaiT style: the branch is scaled by gamma = 1e-6 at initialisation."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.norm, self.fc1, self.fc2 = (
+            nn.LayerNorm(dim),
+            nn.Linear(dim, 4 * dim),
+            nn.Linear(4 * dim, dim),
+        )
+        self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.gamma * self.fc2(torch.relu(self.fc1(self.norm(x))))
+
+
+class LayerScaleNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = nn.Linear(8, 16)
+        self.blocks = nn.Sequential(LayerScaleBlock(), LayerScaleBlock())
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)))
+
+
+class ZeroInitBlock(nn.Module):
+    """torchvision's zero_init_residual: the last BatchNorm of the branch starts at 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
+        self.conv2, self.bn2 = nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
+        nn.init.zeros_(self.bn2.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(x + self.bn2(self.conv2(h)))
+
+
+class ZeroInitResidual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem, self.block, self.head = nn.Conv2d(4, 4, 1), ZeroInitBlock(), nn.Conv2d(4, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(self.stem(x)))
+
+
+def verdicts(ctx) -> dict[str, str]:
+    return {r.name: r.verdict for r in ctx.report.gradients.params}
+
+
+def loud(ctx) -> list[str]:
+    return [f.rule for f in ctx.report.findings if f.severity in ("error", "warning")]
+
+
+def test_unet_head_bias_is_not_exploding() -> None:
+    ctx = run(UNet(), torch.randn(2, 3, 16, 16))
+    head_bias = next(r for r in ctx.report.gradients.params if r.name == "head.bias")
+    # its grad is far larger than its near-zero value, and that means nothing for a bias
+    assert head_bias.ratio > 10 and head_bias.verdict == "ok"
+    assert set(verdicts(ctx).values()) == {"ok"} and loud(ctx) == []
+
+
+def test_layer_scale_blocks_are_gated_not_vanishing_or_exploding() -> None:
+    ctx = run(LayerScaleNet(), torch.randn(4, 8))
+    v = verdicts(ctx)
+    assert v["blocks.0.fc1.weight"] == v["blocks.1.fc2.weight"] == "gated"
+    assert v["blocks.0.gamma"] == "ok" and v["stem.weight"] == v["head.weight"] == "ok"
+    assert loud(ctx) == []
+
+
+def test_zero_init_residual_branch_is_gated() -> None:
+    ctx = run(ZeroInitResidual(), torch.randn(2, 4, 8, 8))
+    v = verdicts(ctx)
+    # bn2's gain is 0: nothing reaches conv1/conv2/bn1 until it trains (its own grad is not 0)
+    assert v["block.conv1.weight"] == v["block.conv2.weight"] == "gated"
+    assert v["block.bn2.weight"] == v["stem.weight"] == "ok" and loud(ctx) == []
+
+
+@pytest.mark.parametrize("how", ["ok", "vanish", "explode", "nan", "detach"])
+def test_table_and_findings_agree(how: str) -> None:
+    ctx = run(Two(how), torch.randn(3, 4))
+    shown = {r.verdict for r in ctx.report.gradients.params} & set(PROBLEM_VERDICTS)
+    reported = {f.rule for f in ctx.report.findings}
+    assert {PROBLEM_VERDICTS[v] for v in shown} <= reported
+    gradient_rules = set(PROBLEM_VERDICTS.values()) & reported
+    assert gradient_rules == {PROBLEM_VERDICTS[v] for v in shown}
+    assert bool(shown) == (how != "ok")

@@ -159,6 +159,12 @@ def test_no_cache_no_section_unless_asked(tmp_path: Path) -> None:
     assert "takes no cache argument" in asked.serving.reason
 
 
+def test_a_context_past_the_models_positions_is_refused(tmp_path: Path) -> None:
+    serving = report_for("gpt2", tmp_path, seq=300).serving  # n_positions = 256
+    assert not serving.computed
+    assert "S=300 is longer than the 256 positions GPT2LMHeadModel can encode" in serving.reason
+
+
 @pytest.mark.slow
 def test_llama_3_8b_preset_kv_bytes_per_token() -> None:
     report = inspect_model("preset:llama-3-8b", '{"dims": {"B": 1, "S": 4096}}', Options(

@@ -63,6 +63,12 @@ def _unsupported(ctx: Context) -> str | None:
             'e.g. {"input_ids": {"shape": ["B", "S"], "dtype": "int64", "high": 50257}, '
             '"dims": {"B": 1, "S": 4096}}.'
         )
+    limit, context = _max_positions(ctx.model), ctx.factory.dims[SEQUENCE_DIM]
+    if limit is not None and context > limit:
+        return (
+            f"the context S={context:,} is longer than the {limit:,} positions "
+            f"{type(ctx.model).__name__} can encode; give S <= {limit:,}."
+        )
     return None
 
 

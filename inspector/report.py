@@ -175,10 +175,13 @@ class MeasuredMemory(_Model):
 
 
 class MemoryAdvice(_Model):
-    kind: str  # "checkpoint", "autocast-bf16", ...
+    kind: str  # "checkpoint", "checkpoint-all", "autocast-bf16"
     where: str | None = None
-    saving_bytes: int
+    saving_bytes: int  # measured on fake tensors when `verified`, else predicted
     message: str
+    predicted_saving_bytes: int | None = None  # before the change was run
+    verified: bool = False  # the change was run on fake tensors and measured
+    train_peak_bytes: int | None = None  # the training-step peak with the change
 
 
 class SetupEstimate(_Model):

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # these modules import inspector.context, which imports this one
     from inspector.health.backprop import BackwardRun
     from inspector.health.modecheck import BatchNormInput
+    from inspector.memory.advice import Checked
     from inspector.memory.analysis import Analysis
     from inspector.memory.measure import Measurement
     from inspector.passes.numerics import NumericsResult
@@ -38,6 +39,8 @@ class PassResults:
     graph: GraphRun = field(default_factory=GraphRun)  # passes/graph.py
     memory: Analysis | None = None  # passes/memory.py: the estimate's full analysis
     memory_bf16: AutocastStep | None = None  # passes/memory.py, fake float32 models only
+    # passes/memory.py: the step with every block checkpointed (fake runs with 2+ blocks)
+    memory_checkpointed: Checked | None = None
     memory_measured: Measurement | None = None  # passes/memory.py, real runs only
     gradients: BackwardRun | None = None  # passes/gradients.py: the forward + backward
     numerics: NumericsResult | None = None  # passes/numerics.py

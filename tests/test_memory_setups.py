@@ -129,12 +129,9 @@ def test_checkpoint_row_matches_a_checkpointed_transformer() -> None:
     base = _memory(build(False), *inputs)
     done = _memory(build(True), *inputs)
     row = _row(base, "adamw", "bf16", checkpointing=True)  # bf16 weights compute in bf16
-    # The peak, what decides whether it fits, is within 2-8% (15.09-15.88 vs 14.78 MB:
-    # the base run's backward peak moves by up to two block inputs between a fresh
-    # process and one that ran the whole suite; 15.88 once in a full run on 2026-11-29).
-    # The saved bytes are low by about one block input per block (1.1 vs 2.1 MB of
-    # 26.4 MB): Hugging Face's checkpoint wrapper keeps a copy of each layer's input.
-    assert row.train_peak_bytes == pytest.approx(done.train_peak_bytes, rel=0.10)
-    assert row.saved_activation_bytes < done.saved_activation_bytes
+    # The row is the memory pass's own checkpointed run (every decoder layer wrapped in
+    # torch.utils.checkpoint on fake tensors): it saves what Hugging Face's gradient
+    # checkpointing saves, and peaks where it peaks.
+    assert row.saved_activation_bytes == done.saved_activation_bytes
+    assert row.train_peak_bytes == pytest.approx(done.train_peak_bytes, rel=0.01)
     assert done.saved_activation_bytes < 0.1 * base.saved_activation_bytes
-    assert row.saved_activation_bytes > 0.4 * done.saved_activation_bytes

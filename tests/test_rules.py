@@ -11,7 +11,7 @@ from inspector.context import Options
 from inspector.graph.fxcapture import trace_fx
 from inspector.health.adhoc import context_for
 from inspector.passes import findings, gradients, modes, numerics
-from inspector.report import CaptureAttempt, Finding, Module
+from inspector.report import CaptureAttempt, Finding, MemoryAdvice
 from inspector.rules import RULES, rule, run_rules
 
 VALUE_PASSES = (gradients, numerics, modes, findings)
@@ -321,39 +321,28 @@ def test_checkpoint_candidates_from_memory_section() -> None:
     findings.run(ctx)
     assert not hits(ctx, "checkpoint-candidate")  # no memory pass: silent
     mib = 1 << 20
-    ctx.report.memory.saved_activation_bytes = 100 * mib
-    ctx.report.modules = [
-        Module(path="", type="Net", saved_activation_bytes=100 * mib, calls=1),
-        Module(
-            path="a",
-            type="Block",
-            parent="",
-            depth=1,
-            saved_activation_bytes=80 * mib,
-            output_shapes=[[1024, 1024]],
-            output_dtypes=["float32"],
-            calls=1,
-        ),
-        Module(path="b", type="Head", parent="", depth=1, saved_activation_bytes=20 * mib, calls=1),
-    ]
+    memory = ctx.report.memory
+    memory.saved_activation_bytes = 100 * mib
+    memory.advice = [
+        MemoryAdvice(kind="checkpoint", where="a", saving_bytes=76 * mib, verified=True,
+                     message="Checkpointing a ..."),
+        MemoryAdvice(kind="checkpoint", where="b", saving_bytes=5 * mib, message="b"),
+    ]  # fmt: skip
     found = hits_of(run_rules(ctx), "checkpoint-candidate")
     assert [(f.severity, f.where) for f in found] == [("info", "a")]
-    # saving: 80 MiB saved - 1024 * 1024 * 4 B = 4 MiB output kept
-    assert "76.00 MiB" in found[0].message
-    ctx.report.modules += [
-        Module(
-            path=f"a.{i}",
-            type="Layer",
-            parent="a",
-            depth=2,
-            calls=1,
-            saved_activation_bytes=20 * mib,
-        )
-        for i in range(4)
-    ]
+    # the advice's own number: 76 of 100 MiB saved
+    assert "frees 76.00 MiB (76% of the saved activations, measured on fake tensors)" in (
+        found[0].message
+    )
+    memory.advice.append(
+        MemoryAdvice(kind="checkpoint-all", saving_bytes=81 * mib, verified=True, message="all")
+    )
     found = hits_of(run_rules(ctx), "checkpoint-candidate")
-    assert [f.where for f in found] == ["a.0"]  # each Layer of a; not a itself
-    assert "the 4 Layer blocks in 'a' hold 80.00 MiB (80%)" in found[0].message
+    assert [f.where for f in found] == ["a"]
+    assert "every block frees 81.00 MiB (81%" in found[0].message
+    assert "the largest single block, 'a', frees 76.00 MiB" in found[0].message
+    memory.advice = [MemoryAdvice(kind="checkpoint", where="b", saving_bytes=5 * mib, message="")]
+    assert not hits_of(run_rules(ctx), "checkpoint-candidate")  # 5% is under the 30% share
 
 
 def test_gradients_failed_and_train_mode_failure() -> None:

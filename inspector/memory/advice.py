@@ -2,13 +2,17 @@
 
 Checkpointing a block keeps only its inputs and recomputes the rest in backward, so it
 frees what the block's own ops saved, except the block's output (the next layer still
-saves that). Blocks are the children of `nn.ModuleList` / `nn.Sequential` containers
-(transformer layers, ResNet stages' blocks), else the model's direct children.
+saves that). Blocks follow the model's own structure (`blocks`): the members of a
+container of composite modules (transformer layers, ResNet stages' blocks, MobileNet's
+`features`), a chain of single layers as one block (a UNet's conv-BN-ReLU Sequentials),
+and same-type composite siblings (timm stages). `inspector.memory.checkpointing` then
+runs the advised checkpointing on fake tensors and the advice quotes what it measured.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -16,20 +20,59 @@ from torch import nn
 from inspector.report import MemoryAdvice
 from inspector.units import format_bytes
 
-__all__ = ["blocks", "subtree_bytes", "checkpoint_advice", "autocast_advice"]
+__all__ = [
+    "blocks",
+    "block_savings",
+    "subtree_bytes",
+    "Checked",
+    "checkpoint_advice",
+    "autocast_advice",
+]
 
 TOP = 5
+
+
+def _container(module: nn.Module) -> bool:
+    return isinstance(module, nn.ModuleList | nn.Sequential)
+
+
+def _composite(module: nn.Module) -> bool:
+    return next(module.children(), None) is not None
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _visit(path: str, module: nn.Module, out: list[tuple[str, str]]) -> None:
+    composite = [(_join(path, n), c) for n, c in module.named_children() if _composite(c)]
+    if _container(module):
+        if not composite:  # a chain of single layers (conv, norm, activation): one block
+            if path:
+                out.append((path, type(module).__name__))
+            return
+        for child_path, child in composite:  # its members are the blocks
+            if _container(child):
+                _visit(child_path, child, out)
+            else:
+                out.append((child_path, type(child).__name__))
+        return
+    counts: dict[type, int] = defaultdict(int)
+    for _, child in composite:
+        counts[type(child)] += 1
+    for child_path, child in composite:
+        repeated = counts[type(child)] >= 2 and not _container(child)
+        if repeated:
+            out.append((child_path, type(child).__name__))  # same-type siblings: blocks
+        else:
+            _visit(child_path, child, out)
 
 
 def blocks(model: nn.Module) -> list[tuple[str, str]]:
     """(path, type) of the checkpointable blocks, in model order."""
     out: list[tuple[str, str]] = []
-    for path, module in model.named_modules():
-        if isinstance(module, nn.ModuleList | nn.Sequential) and path:
-            out += [(f"{path}.{n}", type(m).__name__) for n, m in module.named_children()]
-    if not out:
-        out = [(n, type(m).__name__) for n, m in model.named_children()]
-    return [b for b in out if not any(b[0].startswith(o[0] + ".") for o in out if o != b)]
+    _visit("", model, out)
+    return out or [(n, type(m).__name__) for n, m in model.named_children()]
 
 
 def unsaved_block_inputs(model: nn.Module, train: Any) -> int:
@@ -62,10 +105,12 @@ def subtree_bytes(by_label: dict[str | None, int]) -> dict[str, int]:
     return dict(out)
 
 
-def checkpoint_advice(
+def block_savings(
     model: nn.Module, saved: dict[int, tuple[int, str | None]], outputs: dict[str, set[int]]
-) -> list[MemoryAdvice]:
-    """The blocks whose checkpointing frees the most saved bytes (top few, and all of them)."""
+) -> list[tuple[int, str, str]]:
+    """(predicted saving, path, type) of every block whose checkpointing frees saved bytes,
+    the largest first: what the block's own ops saved, less its output (still saved by
+    the next layer)."""
     savings = []
     for path, kind in blocks(model):
         own = sum(n for k, (n, who) in saved.items() if _inside(who, path))
@@ -74,30 +119,66 @@ def checkpoint_advice(
         )
         if own - kept > 0:
             savings.append((own - kept, path, kind))
-    savings.sort(reverse=True)
-    advice = [
-        MemoryAdvice(
-            kind="checkpoint",
-            where=path,
-            saving_bytes=saving,
-            message=f"Checkpointing {path} ({kind}) would free about {format_bytes(saving)} "
-            "of saved activations, for one extra forward of it in backward.",
-        )
-        for saving, path, kind in savings[:TOP]
-    ]
-    if len(savings) > 1:
-        total = sum(s for s, _, _ in savings)
+    return sorted(savings, reverse=True)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A checkpointing measured on fake tensors: the step's saved bytes and peak after it."""
+
+    saving_bytes: int
+    saved_bytes: int
+    fb_peak_bytes: int  # the forward/backward peak (the set-ups table's figure)
+    peak_bytes: int
+    on: str  # the block it ran on (blocks like it share the result)
+
+
+def checkpoint_advice(
+    savings: list[tuple[int, str, str]],
+    checked: dict[str, Checked],
+    every: Checked | None,
+    min_bytes: int,
+) -> list[MemoryAdvice]:
+    """The blocks whose checkpointing frees the most (top few), and all of them. The figure
+    quoted is the measured one where the run was made (`checked`, `every`), else the
+    prediction; advice under `min_bytes` is left out."""
+    advice = []
+    for predicted, path, kind in savings[:TOP]:
+        check = checked.get(path)
+        saving = check.saving_bytes if check else predicted
+        if saving < min_bytes:
+            continue
+        how = _checked_text(check, path) if check else "predicted from the saved tensors"
         advice.append(
             MemoryAdvice(
-                kind="checkpoint-all",
-                where=None,
-                saving_bytes=total,
-                message=f"Checkpointing all {len(savings)} blocks would free about "
-                f"{format_bytes(total)} of saved activations (about one block's worth comes "
-                "back while it is recomputed).",
+                kind="checkpoint", where=path, saving_bytes=saving,
+                predicted_saving_bytes=predicted, verified=check is not None,
+                train_peak_bytes=check.peak_bytes if check else None,
+                message=f"Checkpointing {path} ({kind}) frees {format_bytes(saving)} of saved "
+                f"activations ({how}), for one extra forward of it in backward.",
             )
-        )
+        )  # fmt: skip
+    total = every.saving_bytes if every else sum(s for s, _, _ in savings)
+    if len(savings) > 1 and total >= min_bytes:
+        how = _checked_text(every, None) if every else "predicted from the saved tensors"
+        advice.append(
+            MemoryAdvice(
+                kind="checkpoint-all", where=None, saving_bytes=total,
+                predicted_saving_bytes=sum(s for s, _, _ in savings), verified=every is not None,
+                train_peak_bytes=every.peak_bytes if every else None,
+                message=f"Checkpointing all {len(savings)} blocks frees {format_bytes(total)} "
+                f"of saved activations ({how}).",
+            )
+        )  # fmt: skip
     return advice
+
+
+def _checked_text(check: Checked, path: str | None) -> str:
+    like = f" on {check.on}, a block like it" if path is not None and check.on != path else ""
+    return (
+        f"measured on fake tensors{like}: the step then saves {format_bytes(check.saved_bytes)}"
+        f" and peaks at {format_bytes(check.peak_bytes)}"
+    )
 
 
 def autocast_advice(peak: int, saved: int, bf16_peak: int, bf16_saved: int) -> MemoryAdvice:
@@ -105,6 +186,8 @@ def autocast_advice(peak: int, saved: int, bf16_peak: int, bf16_saved: int) -> M
         kind="autocast-bf16",
         where=None,
         saving_bytes=peak - bf16_peak,
+        verified=True,
+        train_peak_bytes=bf16_peak,
         message=f"bf16 autocast would take the training-step peak from {format_bytes(peak)} to "
         f"{format_bytes(bf16_peak)} and saved activations from {format_bytes(saved)} to "
         f"{format_bytes(bf16_saved)} (measured on fake tensors, weights kept in float32).",

@@ -8,8 +8,9 @@ one fake `step()` over tensors shaped like the parameters (its state and tempora
   another optimizer moves the forward/backward peak by the difference in state bytes,
   and the optimizer phase peaks at resident + gradients + state + the step's temporaries.
 - Autocast takes the re-run's activations.
-- Checkpointing every block keeps only the blocks' inputs saved; during backward one
-  block is recomputed at a time, so its activations come back at the peak.
+- Checkpointing every block: the step run that way on fake tensors (the memory pass's
+  check of its advice); without that run (a model that only runs on real tensors), only
+  the blocks' inputs stay saved and one block's activations come back at the peak.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class Measured:
     # block inputs no op saved (a norm that saves its float32 copy instead): a checkpoint
     # keeps them
     checkpoint_kept_bytes: int = 0
+    # measured with every block checkpointed (fake tensors): (saved, forward/backward peak)
+    checkpoint_run: tuple[int, int] | None = None
 
 
 def setups(m: Measured) -> list[SetupEstimate]:
@@ -75,7 +78,12 @@ def _row(m: Measured, optimizer: str, dtype: str, checkpoint: bool) -> SetupEsti
         saved, fb = m.saved_bytes, m.fb_peak_bytes
     else:
         saved, fb = m.bf16_saved_bytes or 0, m.bf16_fb_peak_bytes or 0
-    if checkpoint:
+    if checkpoint and m.checkpoint_run is not None:
+        ratio = saved / m.saved_bytes if m.saved_bytes else 1.0  # bf16 halves the blocks too
+        run_saved, run_fb = m.checkpoint_run
+        saved -= round((m.saved_bytes - run_saved) * ratio)
+        fb -= round((m.fb_peak_bytes - run_fb) * ratio)
+    elif checkpoint:
         ratio = saved / m.saved_bytes if m.saved_bytes else 1.0  # bf16 halves the blocks too
         kept = m.checkpoint_kept_bytes * ratio
         saved -= round(m.checkpoint_saving_bytes * ratio - kept)

@@ -13,6 +13,7 @@ from inspector.graph.exportcapture import WRAPPED, flat_tensors
 from inspector.graph.fxcapture import FLAT_INPUTS
 from inspector.memory import advice, scaling, setups
 from inspector.memory.analysis import Analysis, analyse, batch_runs, fb_peak, rerun
+from inspector.memory.checkpointing import run_checkpointed
 from inspector.memory.measure import measure, relative_error
 from inspector.memory.nodes import node_memory
 from inspector.memory.optimizer import optimizer_state_bytes
@@ -23,7 +24,9 @@ from inspector.report import BatchPoint, MeasuredMemory, Memory
 from inspector.results import AutocastStep
 from inspector.units import ACCELERATOR_BUDGETS
 
-__all__ = ["run"]
+__all__ = ["run", "MEANINGFUL_SHARE"]
+
+MEANINGFUL_SHARE = 0.01  # advice that saves less of the training-step peak is noise
 
 
 def run(ctx: Context) -> None:
@@ -38,6 +41,8 @@ def run(ctx: Context) -> None:
     ctx.report.meta.warnings.extend(a.warnings)
     ctx.results.memory = a
     _static(ctx, mem, a)
+    # a bf16 model without autocast computes in bf16: say so, not "float32"
+    mem.activation_dtype = _activation_dtype(ctx.options.dtype, mem.param_dtype)
     _peaks(mem, a)
     for name, part in _PARTS:
         try:
@@ -153,15 +158,49 @@ def _batch(ctx: Context, mem: Memory, a: Analysis) -> None:
 
 
 def _advice(ctx: Context, mem: Memory, a: Analysis) -> None:
-    mem.advice = advice.checkpoint_advice(a.model, a.train.saved, a.train.module_outputs)
+    """Checkpointing and bf16 advice, each run on fake tensors and quoted as measured;
+    advice that saves under 1% of the training-step peak is left out."""
+    min_bytes = int(MEANINGFUL_SHARE * a.train.peak_bytes)
+    savings = advice.block_savings(a.model, a.train.saved, a.train.module_outputs)
+    checked, every = _check_checkpoints(ctx, a, savings)
+    mem.advice = advice.checkpoint_advice(savings, checked, every, min_bytes)
     float32 = any(p.dtype == torch.float32 for p in ctx.model.parameters())
     if a.opts.autocast is None and float32 and a.on_fake:
         bf16 = rerun(a, a.inputs, autocast=torch.bfloat16)
         peak = max(fb_peak(bf16), a.train.phase_peaks.get("optimizer", 0))
         ctx.results.memory_bf16 = AutocastStep(bf16.saved_bytes, fb_peak(bf16))
-        mem.advice.append(
-            advice.autocast_advice(a.train.peak_bytes, a.train.saved_bytes, peak, bf16.saved_bytes)
-        )
+        if a.train.peak_bytes - peak >= min_bytes:
+            mem.advice.append(
+                advice.autocast_advice(
+                    a.train.peak_bytes, a.train.saved_bytes, peak, bf16.saved_bytes
+                )
+            )
+
+
+def _check_checkpoints(
+    ctx: Context, a: Analysis, savings: list[tuple[int, str, str]]
+) -> tuple[dict[str, advice.Checked], advice.Checked | None]:
+    """Run the advised checkpointing on fake tensors: each advised block (one per group of
+    same-type blocks with the same predicted saving) and every block at once."""
+    if not a.on_fake or not savings:
+        return {}, None
+    checked: dict[str, advice.Checked] = {}
+    ran: dict[tuple[str, int], advice.Checked] = {}
+    for predicted, path, kind in savings[: advice.TOP]:
+        key = (kind, predicted)
+        if key not in ran:
+            ran[key] = _checked(a, [path], path)
+        checked[path] = ran[key]
+    every = _checked(a, [path for _, path, _ in savings], "") if len(savings) > 1 else None
+    ctx.results.memory_checkpointed = every
+    return checked, every
+
+
+def _checked(a: Analysis, paths: list[str], on: str) -> advice.Checked:
+    run = run_checkpointed(a, paths)
+    return advice.Checked(
+        run.saving(a.train), run.saved_bytes, run.fb_peak_bytes, run.peak_bytes, on
+    )
 
 
 def _setups(ctx: Context, mem: Memory, a: Analysis) -> None:
@@ -171,12 +210,12 @@ def _setups(ctx: Context, mem: Memory, a: Analysis) -> None:
     mode = a.opts.fake_mode or _fake_mode()
     blocks = [x.saving_bytes for x in mem.advice if x.kind == "checkpoint"]
     every = next((x.saving_bytes for x in mem.advice if x.kind == "checkpoint-all"), 0)
-    bf16 = ctx.results.memory_bf16
+    bf16, run = ctx.results.memory_bf16, ctx.results.memory_checkpointed
     t = a.train
     mem.setups = setups.setups(
         setups.Measured(
             optimizer=ctx.options.optimizer,
-            dtype=_activation_dtype(ctx.options.dtype, mem.param_dtype),
+            dtype=mem.activation_dtype,
             resident_bytes=t.param_bytes + t.buffer_bytes + t.input_bytes,
             param_bytes=t.param_bytes,
             grad_bytes=t.grad_bytes,
@@ -188,6 +227,7 @@ def _setups(ctx: Context, mem: Memory, a: Analysis) -> None:
             checkpoint_saving_bytes=every,
             largest_block_bytes=max(blocks, default=0),
             checkpoint_kept_bytes=advice.unsaved_block_inputs(a.model, t) if every else 0,
+            checkpoint_run=(run.saved_bytes, run.fb_peak_bytes) if run else None,
         )
     )
 

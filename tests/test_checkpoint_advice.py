@@ -1,0 +1,95 @@
+"""Checkpointing advice that holds for the model's own structure: blocks are the UNet's
+conv blocks, ResNet's and GPT-2's layers; every advised saving was run on fake tensors;
+the advice, the set-ups table and the finding quote one number."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_gradient_verdicts import UNet
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from inspector.analyze import inspect_model
+from inspector.context import Options
+from inspector.memory.advice import blocks
+
+HERE = Path(__file__).parent
+UNET_SPEC = '{"x": {"shape": ["B", 3, 32, 32]}, "dims": {"B": 4}}'
+
+
+def test_unet_blocks_are_its_conv_blocks() -> None:
+    assert [p for p, _ in blocks(UNet())] == ["enc1", "enc2", "mid", "dec2", "dec1"]
+
+
+@pytest.fixture(scope="module")
+def unet_report():
+    options = Options(passes={"graph", "memory", "findings"}, measure=False)
+    return inspect_model(f"{HERE / 'test_gradient_verdicts.py'}:UNet", UNET_SPEC, options)
+
+
+def test_unet_advice_is_verified_and_agrees_everywhere(unet_report) -> None:
+    memory = unet_report.memory
+    checkpoints = [a for a in memory.advice if a.kind == "checkpoint"]
+    assert {a.where for a in checkpoints} <= {"enc1", "enc2", "mid", "dec2", "dec1"}
+    assert checkpoints and all(a.verified for a in checkpoints)
+    for a in checkpoints:  # the prediction from saved storages ranks; the run decides
+        assert a.saving_bytes == pytest.approx(a.predicted_saving_bytes, rel=0.5), a.where
+    every = next(a for a in memory.advice if a.kind == "checkpoint-all")
+    assert every.verified and every.saving_bytes > max(a.saving_bytes for a in checkpoints)
+    row = next(r for r in memory.setups if r.checkpointing and r.optimizer == "adamw"
+               and r.activation_dtype == "float32")  # fmt: skip
+    # the set-ups table's "every block" row is that same run
+    assert row.saved_activation_bytes == memory.saved_activation_bytes - every.saving_bytes
+    finding = next(f for f in unet_report.findings if f.rule == "checkpoint-candidate")
+    assert finding.severity == "info"
+    assert f"frees {_mib(every.saving_bytes)}" in finding.message
+
+
+class UNetCheckpointed(UNet):
+    """The user's own fix: the advised block wrapped in torch.utils.checkpoint."""
+
+    block = "enc1"  # the file is loaded afresh by the inspector: this default is what runs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inner = getattr(self, self.block)
+        wrapped = lambda h: checkpoint(inner, h, use_reentrant=False)  # noqa: E731
+        with _swapped(self, self.block, wrapped):
+            return super().forward(x)
+
+
+class _swapped:
+    def __init__(self, model: nn.Module, name: str, fn: object) -> None:
+        self.model, self.name, self.fn = model, name, fn
+
+    def __enter__(self) -> None:
+        self.original = self.model._modules.pop(self.name)
+        object.__setattr__(self.model, self.name, self.fn)
+
+    def __exit__(self, *exc: object) -> None:
+        object.__delattr__(self.model, self.name)
+        self.model._modules[self.name] = self.original
+
+
+def test_the_advised_saving_is_what_the_users_fix_saves(unet_report) -> None:
+    """Independent of the inspector's own wrapping: the model with the block checkpointed
+    in its forward saves exactly the advised bytes less."""
+    advised = {a.where: a for a in unet_report.memory.advice if a.kind == "checkpoint"}
+    best = advised[UNetCheckpointed.block]  # the loaded file's class: its default block
+    options = Options(passes={"graph", "memory"}, measure=False)
+    fixed = inspect_model(f"{Path(__file__)}:UNetCheckpointed", UNET_SPEC, options)
+    saved = unet_report.memory.saved_activation_bytes
+    assert saved - fixed.memory.saved_activation_bytes == best.saving_bytes
+
+
+def test_no_advice_below_a_meaningful_size(unet_report) -> None:
+    peak = unet_report.memory.train_peak_bytes
+    assert all(a.saving_bytes >= 0.01 * peak for a in unet_report.memory.advice)
+
+
+def _mib(n: int) -> str:
+    from inspector.units import format_bytes
+
+    return format_bytes(n)

@@ -17,7 +17,7 @@ from server.pages import router as pages_router
 from server.readcache import ReadCache
 from server.reportpage import router as report_page_router
 from server.settings import Settings, get_settings
-from server.storage import UploadStore
+from server.storage import open_store
 
 __all__ = ["create_app"]
 
@@ -31,7 +31,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = make_engine(settings.database_url)
     app.state.session_factory = make_session_factory(app.state.engine)
-    app.state.store = UploadStore(settings.data_dir)
+    app.state.store = open_store(settings, app.state.engine)
     app.state.read_cache = ReadCache(settings.read_cache_bytes, settings.read_cache_ttl_s)
     app.state.upload_turns = asyncio.Semaphore(create.UPLOADS_AT_ONCE)
     app.add_middleware(BodyLimit, max_bytes=settings.max_upload_bytes + FORM_SLACK_BYTES)

@@ -93,12 +93,12 @@ class Job(Base):
     error_kind: Mapped[str | None] = mapped_column(String(32))
     error_message: Mapped[str | None] = mapped_column(Text)
     error_json: Mapped[dict | None] = mapped_column(JSONType)
-    upload_sha256: Mapped[str] = mapped_column(String(64))
+    upload_sha256: Mapped[str] = mapped_column(String(64), index=True)  # what uses a blob
     upload_filename: Mapped[str] = mapped_column(String(255))
     upload_kind: Mapped[str] = mapped_column(String(8))  # py, zip, pt2, config, preset
     entrypoint: Mapped[str] = mapped_column(String(512))
     input_spec: Mapped[str | None] = mapped_column(Text)
-    input_sha256: Mapped[str | None] = mapped_column(String(64))
+    input_sha256: Mapped[str | None] = mapped_column(String(64), index=True)
     input_filename: Mapped[str | None] = mapped_column(String(255))
     options: Mapped[dict] = mapped_column(JSONType, default=dict)
     report_json: Mapped[dict | None] = mapped_column(JSONType)

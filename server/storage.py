@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -21,7 +21,7 @@ from server.blobs.local import LocalBlobs
 from server.blobs.streams import CHUNK_BYTES, Staged, TooLarge, copy_hashing, iter_file
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine
+    from sqlalchemy import Connection, Engine
     from sqlalchemy.orm import Session
 
     from server.blobs.database import DatabaseBlobs
@@ -90,12 +90,20 @@ class UploadStore:
             self.local.put(staged)
         return staged.sha256
 
-    def delete(self, sha256: str, *, unless_put_since: dt.datetime | None = None) -> bool:
+    def delete(
+        self,
+        sha256: str,
+        *,
+        unless_put_since: dt.datetime | None = None,
+        still_used: Callable[[Connection, str], bool] | None = None,
+    ) -> bool:
         """Delete `sha256` from both backends; a copy put again since `unless_put_since`
-        stays. True when something was deleted."""
+        stays, and a database blob that `still_used` names once locked. True when
+        something was deleted."""
         deleted = self.local.delete(sha256, unless_put_since=unless_put_since)
         if self.database is not None:
-            deleted = self.database.delete(sha256, unless_put_since=unless_put_since) or deleted
+            options = {"unless_put_since": unless_put_since, "still_used": still_used}
+            deleted = self.database.delete(sha256, **options) or deleted
         return deleted
 
 

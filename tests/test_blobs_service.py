@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import os
+import threading
 
 import pytest
 from api_support import MLP_SOURCE, api_env, finish, upload
@@ -152,3 +153,34 @@ def test_a_worker_prunes_its_copies_of_deleted_blobs(backend, tmp_path, monkeypa
         assert env.client.delete(f"/api/v1/reports/{slugs[1]}").status_code == 204
         prune_blob_cache(env.settings)
         assert [s for s, _, _ in cache.entries()] == [_sha(MLP_SOURCE)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_upload_racing_with_the_delete_of_its_file_keeps_the_blob(
+    backend, tmp_path, monkeypatch
+):
+    from server.api import queries
+
+    with api_env(backend, tmp_path, monkeypatch, blob_store="database") as env:
+        old = upload(env).json()["slug"]
+        store, sha = env.client.app.state.store, _sha(MLP_SOURCE)
+        racing = env.factory()  # the same file uploaded again: blob touched, job not committed
+        with store.staging([MLP_SOURCE]) as staged:
+            store.commit(staged, session=racing)
+        columns = {"upload_filename": "model.py", "upload_kind": "py", "options": {}}
+        queries.add_job(racing, tags={}, name="again", upload_sha256=sha,
+                        entrypoint="model.py:Net", **columns)  # fmt: skip
+        statuses: list[int] = []
+        delete = f"/api/v1/reports/{old}"
+        deleting = threading.Thread(
+            target=lambda: statuses.append(env.client.delete(delete).status_code)
+        )
+        deleting.start()
+        deleting.join(1.5)
+        assert deleting.is_alive()  # waiting for the racing upload's lock
+        racing.commit()
+        racing.close()
+        deleting.join(60)
+        assert statuses == [204]
+        assert store.exists(sha) and _counts(env)[1:] == (1, 1)  # the new job's blob is whole
+        assert b"".join(store.database.read_chunks(sha)) == MLP_SOURCE

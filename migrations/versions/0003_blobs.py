@@ -1,4 +1,5 @@
-"""blobs: the database blob store (content-addressed files in 1 MiB chunks)
+"""blobs: the database blob store (content-addressed files in 1 MiB chunks); jobs indexed
+by the files they use (deleting a report or gc asks which jobs still use a blob)
 
 Revision ID: 0003
 Revises: 0002
@@ -33,8 +34,12 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(["sha256"], ["blobs.sha256"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("sha256", "seq"),
     )
+    op.create_index("ix_jobs_upload_sha256", "jobs", ["upload_sha256"])
+    op.create_index("ix_jobs_input_sha256", "jobs", ["input_sha256"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_jobs_input_sha256", table_name="jobs")
+    op.drop_index("ix_jobs_upload_sha256", table_name="jobs")
     op.drop_table("blob_chunks")
     op.drop_table("blobs")

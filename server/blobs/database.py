@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import errno
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, insert, select, update
@@ -95,12 +95,26 @@ class DatabaseBlobs:
                     raise BlobMissing(f"blob {sha256}: chunk {seq} of {count} is gone (deleted?)")
                 yield bytes(data)
 
-    def delete(self, sha256: str, *, unless_put_since: dt.datetime | None = None) -> bool:
-        """Delete the blob (True); kept when put again at or after `unless_put_since`."""
+    def delete(
+        self,
+        sha256: str,
+        *,
+        unless_put_since: dt.datetime | None = None,
+        still_used: Callable[[Connection, str], bool] | None = None,
+    ) -> bool:
+        """Delete the blob (True); kept when put again at or after `unless_put_since`, or
+        when `still_used` says so, asked once the blob's row is locked."""
         query = delete(Blob).where(Blob.sha256 == check_sha256(sha256))
         if unless_put_since is not None:
             query = query.where(Blob.touched_at < unless_put_since)
         with self.engine.begin() as conn:
+            # Lock first: an upload of the same file that has touched the row but not yet
+            # committed its job holds the lock; `still_used` then sees that job.
+            lock = update(Blob).where(Blob.sha256 == sha256).values(touched_at=Blob.touched_at)
+            if conn.execute(lock).rowcount != 1:
+                return False
+            if still_used is not None and still_used(conn, sha256):
+                return False
             if conn.execute(query).rowcount != 1:
                 return False
             # The foreign key cascades; said again for a SQLite opened without the pragma.

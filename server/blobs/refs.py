@@ -8,13 +8,13 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import delete, or_, select
+from sqlalchemy import Connection, delete, or_, select
 from sqlalchemy.orm import Session
 
 from server.models import Job, Upload
 from server.storage import UploadStore
 
-__all__ = ["unused_uploads", "referenced", "forget_uploads", "delete_blobs"]
+__all__ = ["unused_uploads", "referenced", "forget_uploads", "still_used", "delete_blobs"]
 
 _BATCH = 500
 
@@ -60,7 +60,17 @@ def forget_uploads(session: Session, *, sha256s: Sequence[str]) -> None:
         session.execute(delete(Upload).where(Upload.sha256.in_(names)))
 
 
+def still_used(conn: Connection, sha256: str) -> bool:
+    """Whether an `uploads` row or a job names `sha256` now (asked with the blob locked)."""
+    if conn.scalar(select(Upload.sha256).where(Upload.sha256 == sha256)) is not None:
+        return True
+    uses = or_(Job.upload_sha256 == sha256, Job.input_sha256 == sha256)
+    return conn.scalar(select(Job.id).where(uses).limit(1)) is not None
+
+
 def delete_blobs(store: UploadStore, *, sha256s: Iterable[str], since: dt.datetime) -> int:
     """Delete these blobs from every backend, sparing any put again at or after `since`
-    (the same file uploaded again while it was being deleted); how many went."""
-    return sum(store.delete(sha, unless_put_since=since) for sha in sha256s)
+    and, in the database, any that a job committed meanwhile uses (an upload of the same
+    file racing with the delete); how many went."""
+    deleted = (store.delete(sha, unless_put_since=since, still_used=still_used) for sha in sha256s)
+    return sum(deleted)

@@ -98,13 +98,21 @@ class UploadStore:
         still_used: Callable[[Connection, str], bool] | None = None,
     ) -> bool:
         """Delete `sha256` from both backends; a copy put again since `unless_put_since`
-        stays, and a database blob that `still_used` names once locked. True when
-        something was deleted."""
-        deleted = self.local.delete(sha256, unless_put_since=unless_put_since)
+        stays, and one that `still_used` names (a database blob is locked first; a file
+        cannot be, so it is asked just before the unlink). True when something went."""
+        deleted = False
+        if self.local.exists(sha256) and not self._used_now(sha256, still_used):
+            deleted = self.local.delete(sha256, unless_put_since=unless_put_since)
         if self.database is not None:
             options = {"unless_put_since": unless_put_since, "still_used": still_used}
             deleted = self.database.delete(sha256, **options) or deleted
         return deleted
+
+    def _used_now(self, sha256: str, still_used: Callable[[Connection, str], bool] | None) -> bool:
+        if still_used is None or self.database is None:
+            return False
+        with self.database.engine.connect() as conn:
+            return still_used(conn, sha256)
 
 
 def open_store(settings: Settings, engine: Engine) -> UploadStore:

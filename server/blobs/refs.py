@@ -1,6 +1,12 @@
 """Which stored uploads nothing references any more: what deleting a report and `inspector
 gc` may delete. Rows go first, blobs after: a row never points at a missing blob, and a
 blob left by a crash in between is an orphan that `inspector gc` finds later.
+
+An upload of the same file may race with the deletion. A database blob is locked before
+the last check, so that upload's job is seen and the blob kept. A file cannot be locked:
+the check runs just before the unlink, which leaves a window of a few milliseconds in which
+that upload (file stored, job not yet committed) can lose its file; its job then fails at
+`prepare` saying the file is missing, and the user uploads again.
 """
 
 from __future__ import annotations

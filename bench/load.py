@@ -2,14 +2,17 @@
 readers fetch a 1,000-node report (JSON and page).
 
     .venv/bin/python bench/load.py [--jobs 200] [--workers 3] [--readers 100]
+                                   [--blob-store database --own-dirs]
 
 On loopback only: a fresh Postgres database on 127.0.0.1:5432 (dropped afterwards), a
 unique queue name on the Redis at 127.0.0.1:6379 (its keys deleted afterwards), a temp
 data dir, one `inspector serve` (INSPECTOR_EMBEDDED_WORKER=false) and W `inspector worker`
 processes. Checks: every job ends `done`, each claimed once (attempts == 1), and the
 workers' JSON logs hold exactly one `sandbox_start` per job (each job ran once); no reader
-got an error. Prints a JSON summary (p50/p99 per kind of read). Every loop is bounded by
-a request count and by `--time-limit`.
+got an error. With `--own-dirs` each worker has a data dir of its own (workers on other
+hosts: only the database and the queue are shared), which needs `--blob-store database`;
+the summary then counts the blobs each worker copied into its cache. Prints a JSON summary
+(p50/p99 per kind of read). Every loop is bounded by a request count and by `--time-limit`.
 
 Readers act like browsers: each has its own keep-alive connection and sends
 `Accept-Encoding: gzip`; a latency is the time to the last byte of the response. The
@@ -42,15 +45,16 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from deploy_kit import cluster  # noqa: E402
+from deploy_kit import cluster, worker_dir  # noqa: E402
 from hostile.kit import TINY_MODEL, fresh_postgres  # noqa: E402
 from pages_data import synthetic_report  # noqa: E402
 from pages_server import insert_job  # noqa: E402
 from sqlalchemy import func, select  # noqa: E402
 
 from inspector.schema.statuses import FINAL_STATUSES  # noqa: E402
+from server.blobs.cache import BlobCache  # noqa: E402
 from server.db import make_engine, make_session_factory  # noqa: E402
-from server.models import Job  # noqa: E402
+from server.models import Blob, Job  # noqa: E402
 
 POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 REDIS = "redis://127.0.0.1:6379/0"
@@ -276,14 +280,27 @@ def _summary(result: dict[str, Any], sandbox_starts: list[dict], attempts: list[
     }
 
 
+def _blob_counts(data_dir: Path, workers: int, factory) -> dict[str, Any]:  # noqa: ANN001
+    """Where the uploads ended up: database blobs, server files, each worker's cache."""
+    with factory() as session:
+        blobs = session.scalar(select(func.count()).select_from(Blob))
+    server_files = [p for p in (data_dir / "uploads").rglob("*") if p.is_file()]
+    caches = [len(BlobCache(worker_dir(data_dir, i)).entries()) for i in range(workers)]
+    return {"database_blobs": blobs, "server_upload_files": len(server_files),
+            "worker_cache_blobs": caches}  # fmt: skip
+
+
 def run_load(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """The whole experiment; returns the summary (see `_summary`)."""
     queue = f"inspector-load-{secrets.token_hex(4)}"
+    where: dict[str, Any] = {"blob_store": args.blob_store, "own_dirs": args.own_dirs}
     with fresh_postgres(args.postgres) as db_url:
         env = {"INSPECTOR_DATABASE_URL": db_url, "INSPECTOR_REDIS_URL": args.redis}
         env["INSPECTOR_QUEUE_NAME"] = queue
+        server_env = {"INSPECTOR_BLOB_STORE": args.blob_store}
         try:
-            with cluster(tmp / "data", workers=args.workers, **env) as c:
+            with cluster(tmp / "data", workers=args.workers, own_dirs=args.own_dirs,
+                         server_env=server_env, **env) as c:  # fmt: skip
                 engine = make_engine(db_url)
                 factory = make_session_factory(engine)
                 slug = insert_job(factory, synthetic_report(1000), name="reader target")
@@ -297,10 +314,12 @@ def run_load(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 with factory() as session:
                     attempts = list(session.scalars(select(Job.attempts).where(Job.id > 1)))
                 starts = c.events("sandbox_start")
+                if args.own_dirs:
+                    where |= _blob_counts(c.data_dir, args.workers, factory)
                 engine.dispose()
         finally:
             _drop_queue(args.redis, queue)
-    return _summary(result, starts, attempts)
+    return where | _summary(result, starts, attempts)
 
 
 def _drop_queue(url: str, queue: str) -> None:
@@ -318,6 +337,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--readers", type=int, default=100)
     p.add_argument("--max-reads", type=int, default=200_000, help="stop reading after this many")
     p.add_argument("--time-limit", type=float, default=3600, help="seconds for all jobs to end")
+    p.add_argument("--blob-store", choices=("local", "database"), default="local")
+    p.add_argument("--own-dirs", action="store_true", help="no data dir shared with workers")
     p.add_argument("--postgres", default=POSTGRES)
     p.add_argument("--redis", default=REDIS)
     return p
@@ -325,6 +346,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main() -> int:
     args = parser().parse_args()
+    if args.own_dirs and args.blob_store != "database":
+        parser().error("--own-dirs needs --blob-store database: workers share no upload dir")
     with tempfile.TemporaryDirectory(prefix="inspector-load-") as tmp:
         summary = run_load(args, Path(tmp))
     print(json.dumps(summary, indent=2))

@@ -16,7 +16,7 @@ from server.db import make_engine, make_session_factory
 from server.pages import router as pages_router
 from server.readcache import ReadCache
 from server.settings import Settings, get_settings
-from server.storage import UploadStore
+from server.storage import open_store
 
 __all__ = ["create_app"]
 
@@ -30,7 +30,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = make_engine(settings.database_url)
     app.state.session_factory = make_session_factory(app.state.engine)
-    app.state.store = UploadStore(settings.data_dir)
+    app.state.store = open_store(settings, app.state.engine)
     app.state.read_cache = ReadCache(settings.read_cache_bytes, settings.read_cache_ttl_s)
     app.state.upload_turns = asyncio.Semaphore(create.UPLOADS_AT_ONCE)
     app.state.metrics = ops.metrics_registry(app.state.session_factory, settings)

@@ -4,6 +4,8 @@ The job folder `<data_dir>/jobs/<id>-<random>/` holds `upload/` (the model: a .p
 copied, a .zip safely extracted), `input/` (an optional tensor file) and `job.json`, all
 read-only inside the sandbox; the child writes `progress.jsonl` and `report.json` or
 `error.json` next to them. The folder is removed afterwards; the upload stays in the store.
+Uploads come from this host's upload directory or, through a verified local cache, from
+the database's blob store (server.blobs.fetch): a worker on another host needs no shared disk.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
+from server.blobs.fetch import stored_file
 from server.db import make_engine, make_session_factory, session_scope
 from server.logs import job_context
 from server.models import Job, utcnow
@@ -32,7 +35,6 @@ from server.sandbox import Limits, job_python_command, run_child, sandbox_availa
 from server.sandbox.childfiles import ProgressReader
 from server.sandbox.ending import Ending, ending_from_outcome, failure
 from server.settings import Settings
-from server.storage import UploadStore
 from server.summary import summary_columns
 
 __all__ = ["run_job", "session_factory_for", "worker_id", "JobSpec"]
@@ -94,14 +96,14 @@ def _claim(factory: sessionmaker[Session], job_id: int, me: str) -> JobSpec | No
 def _prepare_dir(spec: JobSpec, settings: Settings) -> Path:
     from server.ziputil import safe_extract
 
-    store = UploadStore(settings.data_dir)
+    engine = session_factory_for(str(settings.database_url)).kw["bind"]
     root = settings.data_dir / "jobs"
     root.mkdir(parents=True, exist_ok=True)
     job_dir = root / f"{spec.id}-{secrets.token_hex(6)}"
     job_dir.mkdir(mode=0o700)
     (job_dir / "upload").mkdir()
     (job_dir / "input").mkdir()
-    source = _stored(store, spec.upload_sha256, "model")
+    source = stored_file(settings.data_dir, engine, sha256=spec.upload_sha256, what="model")
     if spec.upload_kind == "zip":
         safe_extract(
             source,
@@ -113,16 +115,10 @@ def _prepare_dir(spec: JobSpec, settings: Settings) -> Path:
         shutil.copyfile(source, job_dir / "upload" / _plain_name(spec.upload_filename))
     if spec.input_sha256:
         target = job_dir / "input" / _plain_name(spec.input_filename or "input.pt")
-        shutil.copyfile(_stored(store, spec.input_sha256, "input"), target)
+        stored = stored_file(settings.data_dir, engine, sha256=spec.input_sha256, what="input")
+        shutil.copyfile(stored, target)
     (job_dir / "job.json").write_text(_job_json(spec, settings), encoding="utf-8")
     return job_dir
-
-
-def _stored(store: UploadStore, sha256: str, what: str) -> Path:
-    path = store.path(sha256)
-    if not path.is_file():
-        raise FileNotFoundError(f"the stored {what} file {sha256[:12]}... is missing")
-    return path
 
 
 def _plain_name(name: str) -> str:

@@ -1,4 +1,5 @@
-"""Database tables: jobs (one per upload run, with the report), their tags, and uploads."""
+"""Database tables: jobs (one per upload run, with the report), their tags, uploads, and the
+blob store's chunks (`INSPECTOR_BLOB_STORE=database`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     TypeDecorator,
@@ -21,7 +23,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 __all__ = [
-    "Base", "Job", "Tag", "Upload", "ApiToken", "UploadEvent",
+    "Base", "Job", "Tag", "Upload", "ApiToken", "UploadEvent", "Blob", "BlobChunk",
     "new_slug", "utcnow",
 ]  # fmt: skip
 
@@ -91,12 +93,12 @@ class Job(Base):
     error_kind: Mapped[str | None] = mapped_column(String(32))
     error_message: Mapped[str | None] = mapped_column(Text)
     error_json: Mapped[dict | None] = mapped_column(JSONType)
-    upload_sha256: Mapped[str] = mapped_column(String(64))
+    upload_sha256: Mapped[str] = mapped_column(String(64), index=True)  # what uses a blob
     upload_filename: Mapped[str] = mapped_column(String(255))
     upload_kind: Mapped[str] = mapped_column(String(8))  # py, zip, pt2, config, preset
     entrypoint: Mapped[str] = mapped_column(String(512))
     input_spec: Mapped[str | None] = mapped_column(Text)
-    input_sha256: Mapped[str | None] = mapped_column(String(64))
+    input_sha256: Mapped[str | None] = mapped_column(String(64), index=True)
     input_filename: Mapped[str | None] = mapped_column(String(255))
     options: Mapped[dict] = mapped_column(JSONType, default=dict)
     report_json: Mapped[dict | None] = mapped_column(JSONType)
@@ -162,3 +164,30 @@ class UploadEvent(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     key: Mapped[str] = mapped_column(String(300))
     at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Blob(Base):
+    """A file in the database's blob store, content-addressed; its bytes are in `blob_chunks`.
+
+    Inserted in the same transaction as all its chunks: a row means a complete blob."""
+
+    __tablename__ = "blobs"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    chunk_count: Mapped[int] = mapped_column(Integer)
+    # Set when stored and again whenever the same content is stored again: deletions spare
+    # a blob put since they started (an upload racing with a delete of the same file).
+    touched_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class BlobChunk(Base):
+    """Bytes `seq * chunk size` onwards of a blob (1 MiB each; the last one shorter)."""
+
+    __tablename__ = "blob_chunks"
+
+    sha256: Mapped[str] = mapped_column(
+        ForeignKey("blobs.sha256", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)

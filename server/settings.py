@@ -28,6 +28,7 @@ _SIZE_FIELDS = (
     "job_output_bytes",
     "max_data_bytes",
     "read_cache_bytes",
+    "blob_cache_bytes",
 )
 
 
@@ -82,6 +83,11 @@ class Settings(BaseSettings):
     # another process (another web process, `inspector gc`) stops being served by then.
     read_cache_bytes: int = 256 * MiB  # the bodies and their gzip copies in total; 0 = off
     read_cache_ttl_s: float = 30.0
+    # Uploads (server.storage, server.blobs): where the server writes them. `database`:
+    # chunks in the database, so workers on other hosts need only the database and queue
+    # URLs (they read either backend, whatever theirs says).
+    blob_store: Literal["local", "database"] = "local"
+    blob_cache_bytes: int = 20 * GiB  # a worker's local copies of database blobs; 0 = no limit
 
     @field_validator(*_SIZE_FIELDS, mode="before")
     @classmethod
@@ -148,6 +154,8 @@ def _refuse_unsafe(settings: Settings) -> None:
         )
     if settings.max_data_bytes < 0:
         problems.append("INSPECTOR_MAX_DATA_BYTES must be 0 (no limit) or more")
+    if settings.blob_cache_bytes < 0:
+        problems.append("INSPECTOR_BLOB_CACHE_BYTES must be 0 (no limit) or more")
     if settings.read_cache_bytes < 0:
         problems.append("INSPECTOR_READ_CACHE_BYTES must be 0 (off) or more")
     if not 0 <= settings.job_nice <= 19:

@@ -16,10 +16,12 @@ import logging
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 
 from sqlalchemy import select, update
 
+from server.blobs.fetch import prune_cache
 from server.db import session_scope
 from server.jobs import run_job, session_factory_for
 from server.logs import configure_logging
@@ -34,6 +36,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 2  # a job whose worker died is retried once
+CACHE_PRUNE_EVERY_S = 600  # the blob cache is pruned at start and then this often
 POLL_S = 0.1  # SQLite queue polling (Redis blocks on its list instead)
 
 
@@ -121,12 +124,30 @@ def _lost_jobs(session, settings: Settings, now: dt.datetime) -> list[int]:  # n
 
 def _sweeper(settings: Settings, stop: threading.Event) -> None:
     every = max(1.0, min(settings.job_stale_after_s / 2, 30.0))
+    next_prune = 0.0  # monotonic time is never below 0: the first round prunes
     while not stop.is_set():
         try:
             sweep(settings)
         except Exception:
             log.exception("sweep failed")
+        if time.monotonic() >= next_prune:
+            next_prune = time.monotonic() + CACHE_PRUNE_EVERY_S
+            prune_blob_cache(settings)
         stop.wait(every)
+
+
+def prune_blob_cache(settings: Settings) -> None:
+    """Drop this host's copies of blobs deleted from the database (a deleted report, `inspector
+    gc` on another host), then the least recently used past INSPECTOR_BLOB_CACHE_BYTES."""
+    engine = session_factory_for(str(settings.database_url)).kw["bind"]
+    try:
+        pruned = prune_cache(settings.data_dir, engine, max_bytes=settings.blob_cache_bytes)
+    except Exception:  # the database is down: the next round tries again
+        log.exception("pruning the blob cache failed")
+        return
+    if pruned.removed or pruned.partials:
+        log.info("blob cache: removed %d copies (%d bytes), %d dead downloads",
+                 len(pruned.removed), pruned.bytes_freed, pruned.partials)  # fmt: skip
 
 
 @dataclass

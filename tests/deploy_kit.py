@@ -1,6 +1,7 @@
 """A deployment on loopback for the load bench and the fault tests: one `inspector serve`
-(no embedded worker) and N `inspector worker` processes sharing a data dir, a database and
-a queue; a private Redis to stop and start; a TCP proxy to cut Postgres off for a while.
+(no embedded worker) and N `inspector worker` processes sharing a database and a queue, and
+a data dir (or each with its own, as workers on other hosts); a private Redis to stop and
+start; a TCP proxy to cut Postgres off for a while.
 
 Every process writes JSON logs to its own file; every wait is bounded in time.
 """
@@ -50,6 +51,7 @@ class Cluster:
 
     data_dir: Path
     env: dict[str, str]
+    server_env: dict[str, str] = field(default_factory=dict)  # the server's alone
     port: int = field(default_factory=free_port)
     server: subprocess.Popen | None = None
     workers: list[subprocess.Popen] = field(default_factory=list)
@@ -59,10 +61,14 @@ class Cluster:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def _spawn(self, code: str, name: str) -> subprocess.Popen:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "INSPECTOR_DATA_DIR": str(self.data_dir)}
+    def _spawn(
+        self, code: str, name: str, data_dir: Path | None = None, **extra: str
+    ) -> subprocess.Popen:
+        data_dir = data_dir or self.data_dir
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "INSPECTOR_DATA_DIR": str(data_dir)}
         env.update(INSPECTOR_EMBEDDED_WORKER="false", INSPECTOR_LOG_FORMAT="json")
-        env.update(INSPECTOR_DEVICE="cpu", INSPECTOR_UPLOAD_RATE_PER_MINUTE="0", **self.env)
+        env.update(INSPECTOR_DEVICE="cpu", INSPECTOR_UPLOAD_RATE_PER_MINUTE="0")
+        env.update(**self.env, **extra)
         log = self.data_dir.parent / f"{name}-{len(self.logs)}.log"
         self.logs.append(log)
         with open(log, "wb") as out:  # the child keeps its own descriptor
@@ -71,13 +77,16 @@ class Cluster:
     def start_server(self, wait: bool = True) -> None:
         code = "from server.cli_commands import serve; "
         code += f"raise SystemExit(serve('127.0.0.1', {self.port}))"
-        self.server = self._spawn(code, "server")
+        self.server = self._spawn(code, "server", **self.server_env)
         if wait:
             self.wait_ready()
 
-    def start_worker(self) -> subprocess.Popen:
+    def start_worker(self, data_dir: Path | None = None) -> subprocess.Popen:
+        """A worker on the cluster's data dir, or on its own (a host of its own)."""
         code = "from server.cli_commands import worker; raise SystemExit(worker())"
-        proc = self._spawn(code, "worker")
+        if data_dir is not None:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        proc = self._spawn(code, "worker", data_dir)
         self.workers.append(proc)
         return proc
 
@@ -126,16 +135,30 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster(data_dir: Path, workers: int = 1, **env: str) -> Iterator[Cluster]:
+def cluster(
+    data_dir: Path,
+    workers: int = 1,
+    *,
+    own_dirs: bool = False,
+    server_env: dict[str, str] | None = None,
+    **env: str,
+) -> Iterator[Cluster]:
+    """A server and `workers` workers; with `own_dirs` each worker has a data dir of its own
+    (`<data_dir>-worker-<i>`), as on other hosts: they share only the database and queue."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    c = Cluster(data_dir, env)
+    c = Cluster(data_dir, env, server_env=dict(server_env or {}))
     try:
         c.start_server()
-        for _ in range(workers):
-            c.start_worker()
+        for i in range(workers):
+            c.start_worker(worker_dir(data_dir, i) if own_dirs else None)
         yield c
     finally:
         c.stop()
+
+
+def worker_dir(data_dir: Path, i: int) -> Path:
+    """The data dir of worker `i` in a cluster with `own_dirs`."""
+    return data_dir.with_name(f"{data_dir.name}-worker-{i}")
 
 
 # --- a private Redis ---------------------------------------------------------------------------

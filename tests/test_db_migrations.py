@@ -18,6 +18,7 @@ from server.db import downgrade_database, make_engine, make_session_factory, ses
 from server.models import Base, Job, Tag
 
 TABLES = {"alembic_version", "jobs", "tags", "uploads", "api_tokens", "upload_events"}
+TABLES |= {"blobs", "blob_chunks"}  # the database blob store (INSPECTOR_BLOB_STORE=database)
 
 
 @pytest.fixture(params=BACKENDS)

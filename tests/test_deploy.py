@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -30,17 +31,22 @@ BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 # --- docker-compose.yml -------------------------------------------------------------------
 
 
-def _compose_config() -> dict:
+def _compose(name: str, **env: str) -> subprocess.CompletedProcess:
     binary = shutil.which("docker-compose")
     if binary is None:
         if IN_CI:
             pytest.fail("docker-compose is missing and CI=true requires it (make system-deps)")
         pytest.skip("docker-compose is not installed (apt-get install docker-compose)")
-    yaml = pytest.importorskip("yaml")
-    done = subprocess.run(
-        [binary, "-f", str(ROOT / "docker-compose.yml"), "config"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("INSPECTOR_")}
+    return subprocess.run(
+        [binary, "-f", str(ROOT / name), "config"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, env=clean | env,
     )  # fmt: skip
+
+
+def _compose_config(name: str = "docker-compose.yml", **env: str) -> dict:
+    yaml = pytest.importorskip("yaml")
+    done = _compose(name, **env)
     assert done.returncode == 0, done.stderr
     return yaml.safe_load(done.stdout)
 
@@ -65,6 +71,31 @@ def test_compose_file_is_valid_and_complete():
     assert "pg_isready" in " ".join(services["postgres"]["healthcheck"]["test"])
     same_db = server["environment"]["INSPECTOR_DATABASE_URL"]
     assert worker["environment"]["INSPECTOR_DATABASE_URL"] == same_db
+    # Uploads in Postgres by default: workers elsewhere (docker-compose.worker.yml) read them.
+    assert server["environment"]["INSPECTOR_BLOB_STORE"] == "database"
+
+
+def test_compose_worker_for_another_host_needs_only_the_two_urls():
+    db, redis = "postgresql://inspector:pw@db-host:5432/inspector", "redis://db-host:6379/0"
+    services = _compose_config(
+        "docker-compose.worker.yml", INSPECTOR_DATABASE_URL=db, INSPECTOR_REDIS_URL=redis
+    )["services"]
+    assert set(services) == {"worker"}
+    worker = services["worker"]
+    env = worker["environment"]
+    assert (env["INSPECTOR_DATABASE_URL"], env["INSPECTOR_REDIS_URL"]) == (db, redis)
+    assert env["INSPECTOR_QUEUE_NAME"] == "inspector"  # the server's queue, as compose names it
+    assert "INSPECTOR_BLOB_STORE" not in env  # the worker reads either backend
+    assert worker["command"] == ["inspector", "worker"]
+    assert worker["volumes"][0].startswith("worker-data:/data")  # its own, not the server's
+    assert "seccomp=unconfined" in worker["security_opt"] and "privileged" not in worker
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia"
+    for missing in ("INSPECTOR_DATABASE_URL", "INSPECTOR_REDIS_URL"):
+        given = {"INSPECTOR_DATABASE_URL": db, "INSPECTOR_REDIS_URL": redis}
+        del given[missing]
+        refused = _compose("docker-compose.worker.yml", **given)
+        assert refused.returncode != 0 and f"set {missing}" in refused.stderr
 
 
 # --- /healthz, /readyz, /metrics ------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The load bench (bench/load.py) at a size CI affords: 12 jobs at once to Postgres + Redis
-with 3 workers while 20 readers fetch a 1,000-node report. The full 200 jobs and 100
+with 3 workers while 20 readers fetch a 1,000-node report; again with workers that share no
+directory with the server (uploads from the database's blob store). The full 200 jobs and 100
 readers run as `.venv/bin/python bench/load.py` (bench/RESULTS.md): ~9 s of CPU per job
 makes 200 jobs take ~20 min on 2 cores."""
 
@@ -26,13 +27,20 @@ def _bench():  # noqa: ANN202 - the bench script, imported by path
 @pytest.mark.postgres
 @pytest.mark.redis
 @pytest.mark.skipif(not sandbox_available()[0], reason=sandbox_available()[1])
-def test_concurrent_jobs_each_run_once_while_readers_read(tmp_path, postgres_url, redis_url):
+@pytest.mark.parametrize("where", [[], ["--blob-store", "database", "--own-dirs"]],
+                         ids=["shared-dir", "own-dirs"])  # fmt: skip
+def test_concurrent_jobs_each_run_once_while_readers_read(tmp_path, postgres_url, redis_url, where):
     bench = _bench()
     args = bench.parser().parse_args(
         ["--jobs", "12", "--workers", "3", "--readers", "20", "--max-reads", "5000",
-         "--time-limit", "480", "--postgres", postgres_url, "--redis", redis_url]
+         "--time-limit", "480", "--postgres", postgres_url, "--redis", redis_url, *where]
     )  # fmt: skip
     summary = bench.run_load(args, tmp_path)
+    if where:  # workers that share no directory: every upload came from the database
+        assert summary["database_blobs"] == 7  # 6 jobs share one model, 6 have their own
+        assert summary["server_upload_files"] == 0
+        # Each worker cached what it ran: the 7 blobs, the shared one on up to 3 workers.
+        assert 7 <= sum(summary["worker_cache_blobs"]) <= 7 + 2, summary["worker_cache_blobs"]
     assert summary["statuses"] == {"done": 12}, summary
     assert summary["attempts_max"] == 1  # each job claimed once
     assert summary["sandbox_starts"] == 12 == summary["distinct_jobs_started"]  # ran once

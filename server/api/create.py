@@ -26,7 +26,7 @@ from server.api.errors import ApiError
 from server.api.formfields import parse_name, parse_options, parse_tags
 from server.api.inputcheck import check_input_file, check_input_spec, input_file_kind
 from server.api.modelcheck import check_model, model_kind, safe_filename
-from server.api.quota import check_quota, disk_full_error, is_disk_full
+from server.api.quota import check_quota, commit_upload, disk_full_error, is_disk_full
 from server.api.schemas import CreatedReport, ErrorResponse
 from server.api.views import job_urls
 from server.auth import UPLOAD_AUTH_RESPONSES, UploaderDep
@@ -192,7 +192,7 @@ def create_report(
         job_name = parse_name(name, default=default_name)
         check_quota(session, settings, store, [i.staged for i in filter(None, (upload, tensors))])
         for item in filter(None, (upload, tensors)):  # files first: a row never lacks its file
-            store.commit(item.staged)
+            commit_upload(session, store, item.staged)
             queries.ensure_upload(
                 session, sha256=item.staged.sha256, size_bytes=item.staged.size_bytes,
                 filename=item.filename, kind=item.kind,

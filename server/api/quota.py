@@ -1,7 +1,10 @@
-"""The upload store's quota: past `INSPECTOR_MAX_DATA_BYTES` (or a full disk) uploads get 507.
+"""The upload store's quota: past `INSPECTOR_MAX_DATA_BYTES` (or a full disk or database)
+uploads get 507.
 
-Checked before a staged file is committed, so a refused upload leaves nothing behind and
-everything already stored stays (nothing is evicted to make room: `inspector gc` does that).
+Counts every stored upload, in either blob backend (each has its `uploads` row, committed
+with its blob). Checked before a staged file is committed, so a refused upload leaves
+nothing behind and everything already stored stays (nothing is evicted to make room:
+`inspector gc` does that).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from server.models import Upload
 from server.settings import Settings
 from server.storage import Staged, UploadStore
 
-__all__ = ["check_quota", "is_disk_full", "disk_full_error"]
+__all__ = ["check_quota", "commit_upload", "is_disk_full", "disk_full_error"]
 
 ADVICE = "An operator can free space with `inspector gc --older-than 90d` or raise the limit."
 
@@ -37,7 +40,7 @@ def check_quota(
     """Raise 507 when committing the new (not yet stored) files would pass the quota."""
     new = {s.sha256: s.size_bytes for s in staged if not store.exists(s.sha256)}
     adding = sum(new.values())
-    if adding and shutil.disk_usage(store.root).free < adding:
+    if adding and store.on_local_disk and shutil.disk_usage(store.root).free < adding:
         raise disk_full_error()
     limit = settings.max_data_bytes
     if not limit or not adding:
@@ -50,3 +53,14 @@ def check_quota(
             f"the upload store is full: {used} of {limit} bytes used, this upload needs "
             f"{adding} more. Nothing was stored. {ADVICE}",
         )
+
+
+def commit_upload(session: Session, store: UploadStore, staged: Staged) -> str:
+    """Commit a staged file (database blobs in `session`'s transaction); a full disk or
+    database is a 507, and nothing of this upload is kept."""
+    try:
+        return store.commit(staged, session=session)
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise disk_full_error() from exc
+        raise

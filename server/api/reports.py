@@ -24,8 +24,9 @@ from server.auth import (
     IdentityDep,
     UploaderDep,
 )
+from server.blobs.refs import delete_blobs, forget_uploads, unused_uploads
 from server.db import SessionDep, release
-from server.models import Job
+from server.models import Job, utcnow
 from server.readcache import Cached, CacheKey, ReadCache, cached_response
 from server.storage import UploadStore
 
@@ -168,8 +169,14 @@ def _copied_columns(job: Job) -> dict:
 def delete_report(
     slug: str, request: Request, session: SessionDep, _identity: AdminDep
 ) -> Response:
-    """Delete a report and its tags (the stored upload stays: others may share it)."""
-    session.delete(queries.get_job(session, slug=slug))
+    """Delete a report, its tags, and its stored files unless another report uses them."""
+    started = utcnow()
+    job = queries.get_job(session, slug=slug)
+    session.delete(job)
+    unused = unused_uploads(session, sha256s=[job.upload_sha256, job.input_sha256 or ""])
+    forget_uploads(session, sha256s=[u.sha256 for u in unused])
     session.commit()
     request.app.state.read_cache.drop(slug)  # other processes: within the cache's TTL
+    # Rows first, then blobs; the same file uploaded again meanwhile keeps its blob.
+    delete_blobs(request.app.state.store, sha256s=[u.sha256 for u in unused], since=started)
     return Response(status_code=204)

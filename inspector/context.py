@@ -95,6 +95,9 @@ class LoadedModel:
     entrypoint: str | None = None
     inputs: InputFactory | None = None  # from example_inputs(), the archive, or a preset
     loss_fn: Callable[[Any, Inputs], torch.Tensor] | None = None  # loss_fn(output, inputs)
+    # generate_step(model, tokens, cache) -> (logits, cache): one generation step of a model
+    # whose forward takes no cache argument (cache None: the prefill)
+    generate_step: Callable[[Any, torch.Tensor, Any], tuple[Any, Any]] | None = None
     user_files: list[str] = field(default_factory=list)  # files whose frames are "the user's"
     exported: Any = None  # torch.export.ExportedProgram when the source was a .pt2
     fake_mode: Any = None  # FakeTensorMode the model was built under, when fake

@@ -172,3 +172,49 @@ def test_llama_3_8b_preset_kv_bytes_per_token() -> None:
     # 2 (K, V) x 32 layers x 8 KV heads x 128 head dim x 2 bytes (bf16) = 131,072
     assert report.serving.kv_bytes_per_token == 131_072
     assert report.serving.max_concurrent_sequences[str(80 * GIB)] > 0
+
+
+GENERATE_STEP_MODEL = '''
+import torch
+from torch import nn
+
+
+class TinyDecoder(nn.Module):
+    """Two attention layers, d=32, 4 heads of 8, keys and values kept in a list."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(100, 32)
+        self.qkv = nn.ModuleList(nn.Linear(32, 96) for _ in range(2))
+        self.head = nn.Linear(32, 100)
+
+    def forward(self, tokens, cache=None):  # no cache argument a library would recognise
+        return generate_step(self, tokens, cache)[0]
+
+
+def generate_step(model, tokens, cache):
+    h = model.embed(tokens)
+    cache = cache or [None, None]
+    for i, qkv in enumerate(model.qkv):
+        q, k, v = qkv(h).split(32, dim=-1)
+        b, s, _ = k.shape
+        k, v = (t.view(b, s, 4, 8).transpose(1, 2) for t in (k, v))
+        if cache[i] is not None:
+            k, v = torch.cat([cache[i][0], k], 2), torch.cat([cache[i][1], v], 2)
+        cache[i] = (k, v)
+        q = q.view(b, s, 4, 8).transpose(1, 2)
+        attention = torch.softmax(q @ k.transpose(-1, -2), -1).matmul(v)
+        h = h + attention.transpose(1, 2).reshape(b, s, 32)
+    return model.head(h[:, -1:]), cache
+'''
+
+
+def test_a_model_files_generate_step(tmp_path: Path) -> None:
+    path = tmp_path / "decoder.py"
+    path.write_text(GENERATE_STEP_MODEL)
+    tokens = '"tokens": {"shape": ["B", "S"], "dtype": "int64", "high": 100}'
+    spec = "{" + tokens + ', "dims": {"B": 1, "S": 16}}'
+    serving = inspect_model(f"{path}:TinyDecoder", spec, Options(passes={"serving"})).serving
+    assert serving.computed, serving.reason
+    # 2 layers x 2 (K, V) x 4 heads x 8 x 4 bytes = 512 bytes a token
+    assert serving.kv_bytes_per_token == 512 and serving.cache_bytes_per_sequence == 512 * 16

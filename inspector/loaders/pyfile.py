@@ -4,7 +4,7 @@ A file inside a package is imported as part of it (`mypkg/model.py` as `mypkg.mo
 its absolute and relative imports work; a plain file runs as a fresh module with its folder
 on `sys.path`, so sibling modules (a folder extracted from a .zip) import. See
 `inspector.loaders.userimports`. Optional in the same file: `example_inputs()` and
-`loss_fn(output, inputs)`.
+`loss_fn(output, inputs)` and `generate_step(model, tokens, cache)`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from inspector.loaders.userimports import ImportPlan, plan_import, prepare_impor
 
 __all__ = ["split_source", "load_python"]
 
-_RESERVED = ("example_inputs", "loss_fn")
+_RESERVED = ("example_inputs", "loss_fn", "generate_step")
 _counter = itertools.count()
 
 
@@ -67,6 +67,8 @@ def load_python(path: str, entry: str | None, *, fake_mode: Any, device: str) ->
         loaded.inputs = ExampleFactory(module.example_inputs, model, user_files, name)
     if callable(getattr(module, "loss_fn", None)):
         loaded.loss_fn = module.loss_fn
+    if callable(getattr(module, "generate_step", None)):
+        loaded.generate_step = module.generate_step
     return loaded
 
 

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from inspector.context import Context, Inputs
 from inspector.memory.shadow import fake_shadow, new_fake_mode
 from inspector.report import Serving, ServingLayer, ServingRow
 from inspector.serving.cache import CACHE_PARAMS, cache_param
 from inspector.serving.plan import DecodeLine, max_sequences, weight_bytes
-from inspector.serving.run import StepMemory, decode, prefill, serving_kwargs
+from inspector.serving.run import StepMemory, decode, prefill, serving_kwargs, token_ids
 from inspector.units import ACCELERATOR_BUDGETS
 
 __all__ = ["run", "wanted", "SEQUENCE_DIM", "TABLE_CONTEXTS"]
@@ -33,6 +31,8 @@ def wanted(ctx: Context) -> bool:
     """`--serving` asked for it, or a preset / config of a model that takes a cache."""
     if ctx.options.serving is not None:
         return ctx.options.serving
+    if ctx.loaded.generate_step is not None:  # the file says how it generates
+        return True
     return ctx.loaded.source_kind in _AUTO_KINDS and cache_param(ctx.model) is not None
 
 
@@ -52,10 +52,11 @@ def run(ctx: Context) -> None:
 
 
 def _unsupported(ctx: Context) -> str | None:
-    if cache_param(ctx.model) is None:
+    if cache_param(ctx.model) is None and ctx.loaded.generate_step is None:
         return (
             f"{type(ctx.model).__name__}.forward takes no cache argument "
-            f"({', '.join(CACHE_PARAMS)}), so there is no generation step to measure."
+            f"({', '.join(CACHE_PARAMS)}) and the file defines no "
+            "generate_step(model, tokens, cache), so there is no generation step to measure."
         )
     if SEQUENCE_DIM not in ctx.factory.dims:
         return (
@@ -81,6 +82,7 @@ class _Runner:
         self.factory, self.device = ctx.factory, ctx.options.device
         self.batch_dim = ctx.factory.batch_dim
         self.cache_name = cache_param(ctx.model)
+        self.step = ctx.loaded.generate_step  # the model file's own generation step
 
     def inputs(self, batch: int, context: int) -> Inputs:
         dims = {SEQUENCE_DIM: context, **({self.batch_dim: batch} if self.batch_dim else {})}
@@ -88,24 +90,13 @@ class _Runner:
             return self.factory.build(dims, self.device)
 
     def prefill(self, batch: int, context: int) -> StepMemory:
-        return prefill(self.model, self.inputs(batch, context), self.fake_mode)
+        return prefill(self.model, self.inputs(batch, context), self.fake_mode, self.step)
 
     def decode(self, batch: int, context: int, cache: Any = None) -> StepMemory:
         """One step of `batch` sequences; `cache` (consumed) saves their prefill."""
         cache = cache if cache is not None else self.prefill(batch, context).cache
-        tokens = _token_ids(self.inputs(batch, 1))
-        return decode(self.model, tokens, cache, self.cache_name, self.fake_mode)
-
-
-def _token_ids(inputs: Inputs) -> torch.Tensor:
-    """The token ids of one-token inputs: `input_ids`, else the first integer tensor."""
-    named = inputs.kwargs.get("input_ids")
-    if isinstance(named, torch.Tensor):
-        return named
-    ints = [t for t in inputs.tensors() if not t.is_floating_point()]
-    if not ints:
-        raise ValueError("the inputs have no integer tensor of token ids to decode from")
-    return ints[0]
+        tokens = token_ids(self.inputs(batch, 1))
+        return decode(self.model, tokens, cache, self.cache_name, self.fake_mode, self.step)
 
 
 def _measure(ctx: Context, section: Serving) -> None:

@@ -10,6 +10,7 @@ a training forward would dominate the peak of a large-vocabulary model.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,10 @@ from inspector.memory.step import unique_tensors
 from inspector.memory.tracker import LiveTracker
 from inspector.serving.cache import LayerBytes, cache_of, layer_bytes, tensors_in
 
-__all__ = ["StepMemory", "prefill", "decode", "serving_kwargs"]
+__all__ = ["Step", "StepMemory", "prefill", "decode", "serving_kwargs", "token_ids"]
+
+# A model file's generate_step(model, tokens, cache) -> (logits, cache)
+Step = Callable[[nn.Module, torch.Tensor, Any], tuple[Any, Any]]
 
 
 @dataclass
@@ -62,9 +66,17 @@ def _tracked(model: nn.Module, resident: list[torch.Tensor], call: Any) -> tuple
     return tracker, output
 
 
-def prefill(model: nn.Module, inputs: Inputs, fake_mode: Any) -> StepMemory:
-    """`model(inputs)` with its cache on: the peak, and the cache it returns."""
+def prefill(
+    model: nn.Module, inputs: Inputs, fake_mode: Any, step: Step | None = None
+) -> StepMemory:
+    """`model(inputs)` with its cache on (or the model file's `generate_step` with no cache
+    yet): the peak, and the cache it returns."""
     model.eval()
+    if step is not None:
+        tokens = token_ids(inputs)
+        with fake_mode:
+            tracker, output = _tracked(model, [tokens], lambda: step(model, tokens, None))
+        return _step(tracker, output[1])
     kwargs = {**inputs.kwargs, **serving_kwargs(model)}
     with fake_mode:
         tracker, output = _tracked(model, inputs.tensors(), lambda: model(*inputs.args, **kwargs))
@@ -72,15 +84,35 @@ def prefill(model: nn.Module, inputs: Inputs, fake_mode: Any) -> StepMemory:
 
 
 def decode(
-    model: nn.Module, tokens: torch.Tensor, cache: Any, cache_name: str, fake_mode: Any
+    model: nn.Module,
+    tokens: torch.Tensor,
+    cache: Any,
+    cache_name: str | None,
+    fake_mode: Any,
+    step: Step | None = None,
 ) -> StepMemory:
     """One decode step: the next token of each sequence, reading (and growing) `cache`."""
     model.eval()
-    kwargs = {cache_name: cache, **serving_kwargs(model)}
     resident = [tokens, *tensors_in(cache)]
+    if step is not None:
+        with fake_mode:
+            tracker, output = _tracked(model, resident, lambda: step(model, tokens, cache))
+        return _step(tracker, output[1])
+    kwargs = {cache_name: cache, **serving_kwargs(model)}
     with fake_mode:
         tracker, output = _tracked(model, resident, lambda: model(tokens, **kwargs))
     return _step(tracker, cache_of(output))
+
+
+def token_ids(inputs: Inputs) -> torch.Tensor:
+    """The token ids among the inputs: `input_ids`, else the first integer tensor."""
+    named = inputs.kwargs.get("input_ids")
+    if isinstance(named, torch.Tensor):
+        return named
+    ints = [t for t in inputs.tensors() if not t.is_floating_point()]
+    if not ints:
+        raise ValueError("the inputs have no integer tensor of token ids to decode from")
+    return ints[0]
 
 
 def _step(tracker: LiveTracker, cache: Any) -> StepMemory:

@@ -3,15 +3,8 @@
 The grammar is `inspector.schema.inputspec` (torch-free, shared with the web process);
 this module turns a parsed spec into tensors and checks it against the model's `forward`.
 
-```
-{"x": {"shape": ["B", 3, 224, 224]}, "dims": {"B": 32}}          keyword inputs
-[{"shape": [8, 16]}, {"shape": [8, 4], "dtype": "int64", "high": 10}]   positional inputs
-{"dims": {"B": 64}}                         new dim values for the model's own inputs
-```
-A tensor is `{"shape": [...], "dtype": ..., "low": ..., "high": ...}`; another object is a
-dict input, a list a tuple input, a JSON scalar is passed as is. Integers are drawn from
-[low, high) (default [0, 10), bool [0, 2)); floats are randn, or uniform in [low, high)
-when a bound is given. Or give a tensor file: `.pt`/`.pth` (weights_only) or `.safetensors`.
+Integers are drawn from [low, high) (default [0, 10), bool [0, 2)); floats are randn, or
+uniform in [low, high) when a bound is given. Or give a tensor file: `.pt`/`.pth` (weights_only) or `.safetensors`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ The grammar is `inspector.schema.inputspec` (torch-free, shared with the web pro
 this module turns a parsed spec into tensors and checks it against the model's `forward`.
 
 Integers are drawn from [low, high) (default [0, 10), bool [0, 2)); floats are randn, or
-uniform in [low, high) when a bound is given. Or give a tensor file: `.pt`/`.pth` (weights_only) or `.safetensors`.
+uniform in [low, high) when a bound is given. Or give a tensor file: `.pt`/`.pth`
+(weights_only) or `.safetensors`.
 """
 
 from __future__ import annotations

@@ -63,6 +63,10 @@ class Two(nn.Module):
             h.add_(1)
         elif self.how == "nan-forward":
             h = torch.log(h - h - 1.0)
+        elif self.how == "masked-inf":  # T5's relative buckets: log(0) = -inf, then discarded
+            h = torch.where(h > 1e9, torch.log(h * 0.0), h)
+        elif self.how == "inf-out":
+            return self.b(h) / 0.0
         elif self.how == "dead":
             h = torch.relu(h - 100.0)
         elif self.how == "saturate":
@@ -159,6 +163,7 @@ TRIGGERS = [
     ("nan-gradient", "error", "mul", lambda: Two("nan"), (x4(),), None),
     ("inplace-autograd", "error", "add_", lambda: Two("inplace"), (x4(),), None),
     ("nan-activation", "error", "log", lambda: Two("nan-forward"), (x4(),), None),
+    ("nan-activation", "error", "truediv", lambda: Two("inf-out"), (x4(),), None),
     ("dead-relu", "warning", "relu", lambda: Two("dead"), (x4(),), None),
     ("saturated-activation", "warning", "sigmoid", lambda: Two("saturate"), (x4(),), None),
     ("fp16-overflow", "warning", "add", lambda: Two("big"), (x4(),), Options(dtype="fp16")),
@@ -200,6 +205,7 @@ HEALTHY = [
     ("nan-gradient", lambda: Two(), (x4(),)),
     ("inplace-autograd", lambda: Two(), (x4(),)),
     ("nan-activation", lambda: Two(), (x4(),)),
+    ("nan-activation", lambda: Two("masked-inf"), (x4(),)),  # -inf that never reaches the output
     ("dead-relu", lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU()), (x4(),)),
     ("saturated-activation", lambda: nn.Sequential(nn.Linear(4, 8), nn.Sigmoid()), (x4(),)),
     ("fp16-overflow", lambda: Two(), (x4(),)),

@@ -27,17 +27,24 @@ def _listed(names: list[str]) -> str:
 
 @rule("nan-activation", "error")
 def nan_activation(ctx: Context, report: Report) -> Iterator[Finding]:
-    """The first node whose output holds NaN/Inf in the forward."""
-    result = ctx.results.numerics
-    first = result.first_nan_node if result is not None else None
-    if first is None:
+    """The first node whose output holds NaN/Inf in the forward, when they reach the output.
+
+    An Inf that never does is a mask: attention masks are -inf by design, and T5's
+    `log(0)` is discarded by a `torch.where`. NaN is always reported.
+    """
+    stats = _stats(ctx)
+    bad = [(name, s) for name, _, s in stats if s.nan_count or s.inf_count]
+    if not bad:
         return
-    s = result.stats[first]
+    output = stats[-1][2]
+    if not any(s.nan_count for _, s in bad) and not output.inf_count:
+        return  # Inf used as a mask: the output is finite
+    first, s = bad[0]
     yield finding(
         "nan-activation",
         first,
         f"node '{first}' is the first to produce NaN/Inf ({s.nan_count} NaN, {s.inf_count} "
-        "Inf); every node after it inherits them.",
+        "Inf); they reach the model's output.",
         "Check that node's inputs: division by zero, log/sqrt of non-positive values, "
         "overflow (exp of large values); add an epsilon or clamp.",
     )

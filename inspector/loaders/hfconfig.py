@@ -14,7 +14,13 @@ from typing import Any
 
 from inspector.context import LoadedModel
 from inspector.errors import LoadError
-from inspector.loaders.fakebuild import building_under
+from inspector.loaders.fakebuild import (
+    building_under,
+    default_dtype,
+    empty_weights,
+    fake_weights,
+    needs_values,
+)
 
 __all__ = ["load_config", "build_from_config", "default_spec"]
 
@@ -46,20 +52,32 @@ def build_from_config(
     """Build from a config dict with a `model_type` (and ideally `architectures`)."""
     config = _config_from_dict(data, name)
     model_class = _model_class(config, data, name)
-    with building_under(fake_mode, device, _param_dtype(config)):
-        try:
-            model = model_class(config)
-        except Exception as exc:  # the config's values, not our code, are at fault
-            raise LoadError(
-                f"{name}: transformers could not build {model_class.__name__} from this "
-                f"config: {type(exc).__name__}: {exc}"
-            ) from None
+    model = _build(model_class, config, name, fake_mode, device)
     from inspector.inputspec import parse_input  # noqa: PLC0415 - avoids an import cycle
 
     loaded = LoadedModel(model=model, source_kind="hf-config", source_name=name)
     loaded.entrypoint = model_class.__name__
     loaded.inputs = parse_input(json.dumps(default_spec(config, model)), loaded)
     return loaded
+
+
+def _build(model_class: Any, config: Any, name: str, fake_mode: Any, device: str) -> Any:
+    """The model, built under `fake_mode` when given; a constructor that reads tensor
+    values (ConvNeXt's drop-path linspace) is built again with its weights on the meta
+    device, then faked."""
+    dtype = _param_dtype(config)
+    try:
+        with building_under(fake_mode, device, dtype):
+            return model_class(config)
+    except Exception as exc:  # the config's values, not our code, are at fault
+        if fake_mode is None or not needs_values(exc):
+            raise LoadError(
+                f"{name}: transformers could not build {model_class.__name__} from this "
+                f"config: {type(exc).__name__}: {exc}"
+            ) from None
+    with empty_weights(device), default_dtype(dtype):
+        model = model_class(config)
+    return fake_weights(model, fake_mode, device)
 
 
 def _param_dtype(config: Any) -> Any:

@@ -25,7 +25,7 @@ from torch import nn
 from inspector.context import LoadedModel
 from inspector.errors import LoadError
 from inspector.loaders.factories import ExampleFactory
-from inspector.loaders.fakebuild import building_under
+from inspector.loaders.fakebuild import building_under, empty_weights, fake_weights, needs_values
 from inspector.loaders.usercode import syntax_error_location, user_code_error
 from inspector.loaders.userimports import ImportPlan, plan_import, prepare_imports
 
@@ -51,9 +51,7 @@ def load_python(path: str, entry: str | None, *, fake_mode: Any, device: str) ->
     name = os.path.basename(path)
     module, user_files = _import_user_module(path, data)
     factory = _entrypoint(module, name, entry)
-    # Built on `device` directly: no copy, and fake parameters cannot be swapped by .to().
-    with building_under(fake_mode, device):
-        model = _move(_build(factory, name, entry, user_files), device)
+    model = _built(factory, name, entry, user_files, fake_mode, device)
     loaded = LoadedModel(
         model=model,
         source_kind="python",
@@ -70,6 +68,24 @@ def load_python(path: str, entry: str | None, *, fake_mode: Any, device: str) ->
     if callable(getattr(module, "generate_step", None)):
         loaded.generate_step = module.generate_step
     return loaded
+
+
+def _built(
+    factory: Any, name: str, entry: str | None, user_files: list[str], fake_mode: Any, device: str
+) -> nn.Module:
+    """Built on `device` directly: no copy, and fake parameters cannot be swapped by .to().
+    A constructor that computes with tensor values (a linspace of drop-path rates read
+    with `.tolist()`) cannot run under fake tensors: it is built again for real with its
+    weights on the meta device, then they are made fake."""
+    try:
+        with building_under(fake_mode, device):
+            return _move(_build(factory, name, entry, user_files), device)
+    except LoadError as exc:
+        if fake_mode is None or not needs_values(exc):
+            raise
+    with empty_weights(device):
+        model = _build(factory, name, entry, user_files)
+    return fake_weights(model, fake_mode, device)
 
 
 def _move(model: nn.Module, device: str) -> nn.Module:

@@ -157,6 +157,7 @@ def test_tags_and_options(env):
         "fake": True,
         "budgets_bytes": [16 * 10**9, 80 * 1024**3],
         "export": "fast",
+        "serving": None,  # auto: the serving pass decides
     }
 
 

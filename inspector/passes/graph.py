@@ -20,6 +20,7 @@ from inspector.errors import UserCodeError
 from inspector.graph.backward import measure_backward
 from inspector.graph.exportcapture import export_graph
 from inspector.graph.guidedfx import changed_decision
+from inspector.graph.leafinside import fill_leaf_insides
 from inspector.graph.modules import build_modules, module_calls
 from inspector.graph.params import ParamTable, param_table
 from inspector.graph.records import NodeRecord, user_location_from_stack
@@ -42,6 +43,7 @@ def run(ctx: Context) -> None:
     bwd_total, bwd = _backward(ctx, records)
     calls = module_calls(records, hooks=ctx.capture is not None and ctx.capture.method == "hooks")
     ctx.report.modules = build_modules(ctx.model, records, calls, table, bwd)
+    fill_leaf_insides(ctx, ctx.report.modules)  # modules inside what fx kept whole
     ctx.report.totals = _totals(ctx.model, table, records, bwd_total)
     if ctx.report.modules:
         ctx.report.modules[0].flops_backward = bwd_total  # the root is the whole model

@@ -1,0 +1,56 @@
+"""Modules inside what fx keeps whole (torch.nn's own TransformerEncoder, MultiheadAttention)
+still get their shapes and FLOPs (issue #16: 18 of 23 modules were blank)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from inspector.analyze import inspect_model
+from inspector.context import Options
+
+MODEL = '''
+from torch import nn
+
+
+class TinyLM(nn.Module):
+    """A 2-layer batch-first TransformerEncoder with a tied embedding / LM head."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(100, 32)
+        layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2)
+        self.head = nn.Linear(32, 100, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(self.encoder(self.embed(ids)))
+'''
+SPEC = '{"ids": {"shape": ["B", 16], "dtype": "int64", "high": 100}, "dims": {"B": 2}}'
+
+
+@pytest.fixture(scope="module")
+def modules(tmp_path_factory) -> dict:
+    path = Path(tmp_path_factory.mktemp("te")) / "lm.py"
+    path.write_text(MODEL)
+    report = inspect_model(f"{path}:TinyLM", SPEC, Options(passes={"graph"}))
+    return {m.path: m for m in report.modules}
+
+
+def test_every_module_that_runs_has_shapes(modules) -> None:
+    ran = [m for m in modules.values() if m.type not in ("ModuleList",)]
+    # out_proj's weight is used by F.multi_head_attention_forward; the module never runs
+    blank = [m.path for m in ran if not m.output_shapes]
+    assert blank == ["encoder.layers.0.self_attn.out_proj", "encoder.layers.1.self_attn.out_proj"]
+    assert modules["encoder.layers.0.linear1"].output_shapes == [["B", 16, 64]]
+    assert modules["encoder.layers.1.norm2"].output_shapes == [["B", 16, 32]]
+
+
+def test_inner_flops_by_hand_and_they_add_up(modules) -> None:
+    # linear1: 2 FLOPs x (2 x 16 rows) x 32 in x 64 out = 131,072
+    assert modules["encoder.layers.0.linear1"].flops_forward == 2 * 2 * 16 * 32 * 64
+    layers = [modules[f"encoder.layers.{i}"].flops_forward for i in (0, 1)]
+    assert layers[0] == layers[1] > 0
+    assert sum(layers) == modules["encoder"].flops_forward

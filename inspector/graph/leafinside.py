@@ -30,11 +30,26 @@ _NO_FORWARD = frozenset({"ModuleList", "ModuleDict", "ParameterList", "Parameter
 
 def fill_leaf_insides(ctx: Context, modules: list[Module]) -> None:
     """Give the modules inside a kept-whole module the measures the graph could not."""
-    blank = [m for m in modules if not m.calls and m.type not in _NO_FORWARD and m.path]
-    if not blank or ctx.capture is None or ctx.capture.method == "hooks":
+    if ctx.capture is None or ctx.capture.method == "hooks":
         return
-    base = _by_path(_records(ctx, ctx.inputs))
-    names = _dim_names(ctx, base, {m.path for m in blank})
+    whole = {n.target for n in ctx.report.nodes if n.op == "call_module"}
+    blank = [
+        m
+        for m in modules
+        if not m.calls and m.type not in _NO_FORWARD and any(_within(m.path, w) for w in whole)
+    ]
+    if not blank:
+        return
+    try:
+        base = _by_path(_records(ctx, ctx.inputs))
+        names = _dim_names(ctx, base, {m.path for m in blank})
+    except Exception as exc:  # an extra measure: the model's own failure is reported elsewhere
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        ctx.report.meta.warnings.append(
+            f"modules inside those the graph kept whole were not measured: "
+            f"{type(exc).__name__}: {first}"
+        )
+        return
     for module in blank:
         calls = base.get(module.path)
         if not calls:

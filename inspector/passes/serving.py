@@ -117,12 +117,11 @@ def _measure(ctx: Context, section: Serving) -> None:
     # take a decode-like path of its own)
     per_token = (one.op_count - at_2.op_count) / max(context - 2, 1)
     table_steps, skipped = _table_steps(r, ctx, context, one, per_token)
-    line = DecodeLine.through(
-        r.decode(1, context, one.cache).peak_bytes, r.decode(2, context).peak_bytes
-    )
+    measured = {1: r.decode(1, context, one.cache).peak_bytes, 2: r.decode(2, context).peak_bytes}
+    line = DecodeLine.through(measured[1], measured[2])
     section.decode_fixed_bytes = line.fixed_bytes
     section.decode_per_sequence_bytes = line.per_sequence_bytes
-    section.decode_peak_bytes = line.at(batch) if batch > 2 else r.decode(batch, context).peak_bytes
+    section.decode_peak_bytes = measured.get(batch) or r.decode(batch, context).peak_bytes
     checked = r.decode(_CHECK_SEQUENCES, context).peak_bytes
     section.decode_check_error = round((line.at(_CHECK_SEQUENCES) - checked) / checked, 6)
     budgets = sorted(set(ACCELERATOR_BUDGETS) | set(ctx.options.budgets_bytes))

@@ -21,7 +21,7 @@ COPY templates ./templates
 COPY static ./static
 # Editable: the server finds migrations/, templates/ and static/ next to its package.
 RUN pip install --no-cache-dir $TORCH_SPEC \
- && pip install --no-cache-dir -e ".[postgres,redis,sandbox,hf,export]" $TORCH_SPEC
+ && pip install --no-cache-dir -e ".[postgres,redis,sandbox,hf,models,export]" $TORCH_SPEC
 
 # The shared data volume: a named volume copies this directory's owner on first use.
 RUN mkdir /data && chown inspector:inspector /data

@@ -19,7 +19,7 @@ $(PY):
 
 $(STAMP_RUN): pyproject.toml | $(PY)
 	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[postgres,redis,sandbox,hf]" "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[postgres,redis,sandbox,hf,models]" "$(TORCH_SPEC)"
 	touch $@
 
 $(STAMP_TEST): pyproject.toml $(STAMP_RUN)

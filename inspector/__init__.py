@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from inspector.compat.torchvision_ops import install_import_hook
 from inspector.report import SCHEMA_VERSION, Report
+
+# torchvision built for another torch would fail to import (and take transformers with it).
+install_import_hook()
 
 __version__ = "0.1.0"
 __all__ = ["Options", "Report", "SCHEMA_VERSION", "inspect_model", "__version__"]

@@ -1,0 +1,1 @@
+"""Keeping the model libraries users import working where their native parts do not load."""

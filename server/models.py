@@ -191,3 +191,15 @@ class BlobChunk(Base):
     )
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class WorkerSeen(Base):
+    """A worker process and the model libraries its jobs can import (the upload page lists
+    them: workers may run on other hosts, with other packages than the web process)."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)  # host:pid
+    libraries: Mapped[dict] = mapped_column(JSONType)  # {"torch": "2.13.0", "timm": ...}
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    seen_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)

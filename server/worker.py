@@ -29,6 +29,7 @@ from server.models import Job, utcnow
 from server.queue import enqueue_job, get_huey, job_id_of
 from server.sandbox import sandbox_available
 from server.settings import Settings
+from server.workers_seen import announce_worker
 
 __all__ = [
     "run_worker", "start_embedded_worker", "start_sweeper", "WorkerHandle", "sweep", "MAX_ATTEMPTS",
@@ -122,10 +123,12 @@ def _lost_jobs(session, settings: Settings, now: dt.datetime) -> list[int]:  # n
     return list(session.scalars(query.order_by(Job.id).limit(100)))
 
 
-def _sweeper(settings: Settings, stop: threading.Event) -> None:
+def _sweeper(settings: Settings, stop: threading.Event, announce: bool = False) -> None:
     every = max(1.0, min(settings.job_stale_after_s / 2, 30.0))
     next_prune = 0.0  # monotonic time is never below 0: the first round prunes
     while not stop.is_set():
+        if announce:
+            _announce(settings)
         try:
             sweep(settings)
         except Exception:
@@ -134,6 +137,15 @@ def _sweeper(settings: Settings, stop: threading.Event) -> None:
             next_prune = time.monotonic() + CACHE_PRUNE_EVERY_S
             prune_blob_cache(settings)
         stop.wait(every)
+
+
+def _announce(settings: Settings) -> None:
+    """Tell the upload page which libraries this worker's jobs can import."""
+    try:
+        with session_scope(session_factory_for(str(settings.database_url))) as session:
+            announce_worker(session)
+    except Exception:  # the database is down: the next round tries again
+        log.exception("announcing the worker failed")
 
 
 def prune_blob_cache(settings: Settings) -> None:
@@ -163,12 +175,12 @@ class WorkerHandle:
 
     def start(self) -> WorkerHandle:
         count = self._count() if self.consumers else 0
-        targets = [(_consume, f"inspector-worker-{i + 1}") for i in range(count)]
-        targets.append((_sweeper, "inspector-sweeper"))
-        for target, name in targets:
-            thread = threading.Thread(
-                target=target, args=(self.settings, self.stop_event), name=name, daemon=True
-            )
+        common = (self.settings, self.stop_event)
+        targets = [(_consume, f"inspector-worker-{i + 1}", common) for i in range(count)]
+        # The sweeper of a worker that runs jobs also says which libraries it has.
+        targets.append((_sweeper, "inspector-sweeper", (*common, count > 0)))
+        for target, name, args in targets:
+            thread = threading.Thread(target=target, args=args, name=name, daemon=True)
             thread.start()
             self.threads.append(thread)
         return self

@@ -19,6 +19,7 @@ from server.models import Base, Job, Tag
 
 TABLES = {"alembic_version", "jobs", "tags", "uploads", "api_tokens", "upload_events"}
 TABLES |= {"blobs", "blob_chunks"}  # the database blob store (INSPECTOR_BLOB_STORE=database)
+TABLES |= {"workers"}  # which model libraries each live worker offers (the upload page)
 
 
 @pytest.fixture(params=BACKENDS)

@@ -11,12 +11,11 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from inspector.errors import UserError
+from inspector.schema.libraries import MODEL_LIBRARIES
 from inspector.tracebacks import format_user_traceback, user_location
 
 __all__ = ["user_code_error", "syntax_error_location", "MODEL_LIBRARIES"]
 
-# Named in the message for a missing module: what a model's imports most often need.
-MODEL_LIBRARIES = ("torchvision", "timm", "transformers")
 _NO_PARENT = "attempted relative import with no known parent package"
 
 

@@ -18,6 +18,7 @@ from server.pages.compareview import compare_view
 from server.pages.rendering import not_found, render
 from server.pages.reportview import parse_report
 from server.pages.uploadview import option_selects, presets
+from server.workers_seen import FRESH_S, libraries_on_offer
 
 __all__ = ["router", "PER_PAGE", "search_filters"]
 
@@ -31,7 +32,10 @@ def upload_page(request: Request, session: SessionDep) -> HTMLResponse:
     """Upload a model; the latest reports below."""
     recent = queries.recent_jobs(session, limit=RECENT) if may_list(request, session) else []
     options = option_selects(request.app.state.settings.device)
-    return render(request, "upload.html", recent=recent, presets=presets(), options=options)
+    return render(
+        request, "upload.html", recent=recent, presets=presets(), options=options,
+        libraries=libraries_on_offer(session), fresh_minutes=FRESH_S // 60,
+    )  # fmt: skip
 
 
 def search_filters(q: str) -> tuple[str | None, dict[str, str]]:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import inspector  # noqa: F401  first: its import hook keeps torchvision importable (compat)
+
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 sys.path.insert(0, str(TESTS))

@@ -242,6 +242,7 @@ def test_every_rule_has_a_trigger_test() -> None:
         "gradients-failed",
         "train-mode-failure",
         "export-failed",  # tests/test_export.py
+        "compile-graph-break",  # tests/test_compile.py
     }
     assert set(RULES) == tested
 

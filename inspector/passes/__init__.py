@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from inspector.context import Context
 from inspector.passes import (
+    dynamo,
     export,
     findings,
     gradients,
@@ -28,5 +29,6 @@ PASSES: list[tuple[str, Pass]] = [
     ("modes", modes.run),  # train() vs eval(): mode-dependent modules, divergence, BatchNorm
     ("export", export.run),  # torch.export / TorchScript / ONNX readiness
     ("serving", serving.run),  # KV cache per token, prefill/decode peaks, sequences that fit
+    ("compile", dynamo.run),  # torch.compile readiness: Dynamo graphs, breaks, recompiles
     ("findings", findings.run),  # lint rules over every section: keep LAST
 ]

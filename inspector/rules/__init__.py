@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from inspector.rules import (  # noqa: F401 - each module registers its rules
     capture,
+    compile,
     export,
     gradients,
     memory,

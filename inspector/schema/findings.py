@@ -24,6 +24,7 @@ SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
 # theme (the module of inspector/rules/ that holds them) -> rule ids
 RULE_THEMES: dict[str, tuple[str, ...]] = {
     "capture": ("capture-failed", "values-not-computed"),
+    "compile": ("compile-graph-break",),
     "export": ("export-failed",),
     "gradients": (
         "grad-path-cut",

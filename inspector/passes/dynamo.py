@@ -1,0 +1,93 @@
+"""torch.compile readiness (`report.compile`): Dynamo's graphs and graph breaks on the
+sample, with the user's line of each break, and the recompilations each named dim causes
+when it changes. Eager backend only (no Inductor), Dynamo reset after.
+
+Fake mode works: Dynamo traces with the inputs' own FakeTensorMode, so a model built on
+fake tensors is checked without allocating it (its graphs and breaks are those of the real
+model; a break that depends on tensor values, `.item()` / `.tolist()`, is still a break).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from contextlib import nullcontext
+
+from inspector.compiling.breaks import graph_breaks
+from inspector.compiling.dynamo import GuardFailure, explain, recompiles_at
+from inspector.context import Context
+from inspector.graph.symdims import perturbed_value
+from inspector.health.state import preserved
+from inspector.report import Compile, Recompile
+
+__all__ = ["run"]
+
+
+def run(ctx: Context) -> None:
+    """Fill `report.compile`."""
+    start = time.perf_counter()
+    ctx.report.compile = section = Compile(mode="train" if ctx.model.training else "eval")
+    if ctx.loaded.source_kind == "torchscript":
+        section.skipped = "a TorchScript model is not compiled with torch.compile"
+        return
+    with preserved(ctx.model), ctx.fake_mode or nullcontext():
+        try:
+            out = explain(ctx.model, ctx.inputs)
+        except Exception as exc:  # noqa: BLE001 - Dynamo failing on the model is the answer
+            section.error = _first_line(exc)
+        else:
+            section.computed = True
+            section.graph_count, section.op_count = out.graph_count, out.op_count
+            section.graph_break_count = out.graph_break_count
+            section.breaks = graph_breaks(out.break_reasons, ctx.loaded.user_files)
+            if out.error is not None:  # fake tensors have no values to go on with
+                section.error = f"stopped after the last break: {_first_line(out.error)}"
+            else:
+                section.recompiles = _recompiles(ctx)
+    section.seconds = round(time.perf_counter() - start, 3)
+
+
+def _recompiles(ctx: Context) -> list[Recompile]:
+    """Each named dim changed alone, in turn, on one compiled model."""
+    dims = dict(ctx.inputs.dims)
+    if not dims:
+        return []
+    moved = {name: perturbed_value(value) for name, value in dims.items()}
+    changed = [
+        ctx.factory.build({**dims, name: value}, device=ctx.options.device)
+        for name, value in moved.items()
+    ]
+    results = recompiles_at(ctx.model, ctx.inputs, changed)
+    return [
+        Recompile(
+            dim=name,
+            value=dims[name],
+            changed_to=moved[name],
+            recompiles=len(failures),
+            guards=_guards(failures),
+            error=error,
+        )
+        for (name, (failures, error)) in zip(moved, results, strict=True)
+    ]
+
+
+def _guards(failures: list[GuardFailure]) -> list[str]:
+    """ "forward in model.py:12: tensor 'x' size mismatch at index 0. expected 8, actual 4":
+    torch's guard lines ("0/0: ..."), without the stack it appends."""
+    out = []
+    for failure in failures:
+        for reason in failure.reasons:
+            for line in reason.splitlines():
+                guard = _GUARD.match(line.strip().removeprefix("- "))
+                if guard:
+                    text = guard.group(1).split("  #")[0].strip()
+                    out.append(f"{failure.code}: {text}")
+    return out
+
+
+_GUARD = re.compile(r"^\d+/\d+: (.+)$")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {(lines[0] if lines else '')[:300]}"

@@ -100,6 +100,32 @@ def test_done_report_page(site):
     assert json.loads(data.group(1))["totals"]["params"] == 676
 
 
+def test_report_page_shows_graph_breaks_with_their_code_lines(site):
+    from inspector.report import Compile, GraphBreak, Recompile
+
+    report = small_report()
+    report.compile = Compile(
+        computed=True, mode="train", graph_count=2, graph_break_count=1, breaks=[
+            GraphBreak(reason="Unsupported Tensor.item() call", op="Tensor.item()",
+                       where="model.py:12", code="if x.sum().item() > 0: <b>", count=3,
+                       hints=["Set capture_scalar_outputs"],
+                       url="https://meta-pytorch.github.io/compile-graph-break-site/gb/gb0124.html"),
+        ],
+        recompiles=[Recompile(dim="B", value=8, changed_to=4, recompiles=1,
+                              guards=["forward in model.py:5: tensor 'x' size mismatch"])],
+    )  # fmt: skip
+    html = site[0].get(f"/r/{add(site, report, name='breaks')}").text
+    table = re.search(r'<table class="plain" id="compile-breaks">.*?</table>', html, re.S).group(0)
+    assert "<code>model.py:12</code>" in table and "×3" in table
+    assert "if x.sum().item() &gt; 0: &lt;b&gt;" in table  # the user's line, escaped
+    assert "Unsupported Tensor.item() call" in table and "Hint: Set capture_scalar_outputs" in table
+    assert "1 graph break<" in html and "2 graphs" in html
+    recompiles = re.search(r'id="compile-recompiles">.*?</table>', html, re.S).group(0)
+    assert "8 → 4" in recompiles and "size mismatch" in recompiles
+    plain = site[0].get(f"/r/{add(site, small_report(), name='unchecked')}").text
+    assert "torch.compile readiness was not checked." in plain and "compile-breaks" not in plain
+
+
 def test_model_name_with_script_renders_as_text(site):
     slug = add(site, small_report(), name=XSS_NAME)
     for path in (f"/r/{slug}", "/", "/reports"):

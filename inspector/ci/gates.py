@@ -2,7 +2,8 @@
 
 Pure data in, verdicts out (no torch, no HTTP). The figures are the summary columns the
 service keeps for every report (`params`, `flops_forward`, `train_peak_bytes`,
-`forward_peak_bytes`, `findings_errors`, `findings_warnings`).
+`forward_peak_bytes`, `findings_errors`, `findings_warnings`), and what `gate_figures`
+reads from the report itself (`graph_break_count`).
 A gate whose figure is missing fails: a limit that cannot be checked must not pass quietly.
 """
 
@@ -21,6 +22,7 @@ __all__ = [
     "GateResult",
     "Increase",
     "parse_increase",
+    "gate_figures",
     "check_budgets",
     "check_increases",
     "check_findings",
@@ -37,6 +39,7 @@ GATE_FIGURES: dict[str, Figure] = {
     "forward_peak": REPORT_FIGURES["forward_peak_bytes"],
     "params": REPORT_FIGURES["params"],
     "flops": REPORT_FIGURES["flops_forward"],
+    "graph_breaks": REPORT_FIGURES["graph_break_count"],
 }
 
 
@@ -86,6 +89,20 @@ def parse_increase(text: str) -> Increase:
         except ValueError:
             raise ValueError(f"{text!r}: {amount!r} is not a percentage") from None
     return Increase(figure, float(parse_size(amount)), percent=False)
+
+
+def gate_figures(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The API's report row, plus each gate figure the row has no column for (graph
+    breaks) read from the report it carries; a figure without either stays missing."""
+    figures = dict(body)
+    report = body.get("report")
+    missing = [f for f in GATE_FIGURES.values() if f.key not in figures]
+    if missing and isinstance(report, dict):
+        from inspector.report import Report
+
+        parsed = Report.model_validate(report)
+        figures.update({f.key: f.read(parsed) for f in missing})
+    return figures
 
 
 def check_budgets(figures: Mapping[str, Any], budgets: Mapping[str, float]) -> list[GateResult]:

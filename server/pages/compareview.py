@@ -26,6 +26,7 @@ COMPARE_FIGURES = (
     "grad_bytes",
     "optimizer_bytes",
     "node_count",
+    "graph_break_count",
     "findings_errors",
     "findings_warnings",
 )

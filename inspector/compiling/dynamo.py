@@ -1,7 +1,13 @@
-"""Run the model through torch.compile's front end (Dynamo) with backends that only
-collect graphs and run them eagerly: no Inductor, so it costs about one traced forward
-per graph. Dynamo's caches are reset after each use, so nothing leaks into the next pass
-or the user's own compile."""
+"""Run the model through torch.compile's front end (Dynamo) with a backend that only counts
+the graphs and runs them eagerly: no Inductor, so it costs one traced forward per graph.
+One compiled model serves the sample and then each changed input (the recompiles), and
+Dynamo's caches are reset after, so nothing leaks into a later pass or the user's own
+compile.
+
+What torch._dynamo.explain reports is gathered the same way it does (a counting backend),
+but its list of breaks keeps one only when a graph was compiled before it (a `print` right
+after another break goes missing), so each break is recorded as Dynamo logs it.
+"""
 
 from __future__ import annotations
 
@@ -20,16 +26,33 @@ import torch._dynamo.symbolic_convert as symbolic_convert
 
 from inspector.context import Inputs
 
-__all__ = ["Explained", "explain", "GuardFailure", "recompiles_at", "quiet"]
+__all__ = ["Break", "GuardFailure", "Checked", "check", "quiet"]
+
+_OPS = ("call_function", "call_method", "call_module")
 
 
 @dataclass
-class Explained:
-    graph_count: int | None
-    graph_break_count: int
+class Break:
+    """A graph break as Dynamo logs it (the shape of explain's GraphCompileReason)."""
+
+    reason: str
+    user_stack: list[Any]
+
+
+@dataclass
+class GuardFailure:
+    code: str  # "forward in model.py:12"
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Checked:
+    graph_count: int | None  # None when the sample's run stopped
     op_count: int | None
-    break_reasons: list[Any]  # torch._dynamo's GraphCompileReason, or _Break
-    error: BaseException | None = None  # the run stopped: the breaks are those before it
+    breaks: list[Break]
+    # per changed input: the frames compiled again, and the error of a run that raised
+    recompiles: list[tuple[list[GuardFailure], str | None]] = field(default_factory=list)
+    error: BaseException | None = None  # the sample's run stopped after its last break
 
 
 @contextlib.contextmanager
@@ -46,83 +69,76 @@ def quiet() -> Iterator[None]:
         logger.setLevel(level)
 
 
-@dataclass
-class _Break:
-    """A break as Dynamo logs it (the shape of explain's GraphCompileReason)."""
+class _Recorder:
+    """Patches Dynamo's two reporting points for the duration: breaks, failed guards."""
 
-    reason: str
-    user_stack: list[Any]
+    def __init__(self) -> None:
+        self.breaks: list[Break] = []
+        self.failures: list[GuardFailure] = []
+        self.ops_per_graph: list[int] = []
+
+    def backend(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
+        self.ops_per_graph.append(sum(1 for n in gm.graph.nodes if n.op in _OPS))
+        return gm.forward  # run the graph eagerly, as backend="eager" does
+
+    @contextlib.contextmanager
+    def patched(self) -> Iterator[None]:
+        log_break = symbolic_convert.InstructionTranslatorBase.log_graph_break
+        reasons = convert_frame.get_and_maybe_log_recompilation_reasons
+
+        def on_break(translator: Any, code_options: Any, reason: str, exc: Any) -> None:
+            if not getattr(exc, "logged", False):  # Dynamo logs a break once
+                stack = getattr(exc, "real_stack", None)
+                if stack is None:
+                    stack = torch._guards.TracingContext.extract_stack()
+                self.breaks.append(Break(str(reason), list(stack or ())))
+            log_break(translator, code_options, reason, exc)
+
+        def on_recompile(cache_entries: Any, frame: Any, *args: Any, **kwargs: Any) -> list[str]:
+            found = reasons(cache_entries, frame, *args, **kwargs)
+            code = frame.f_code
+            name = code.co_filename.rsplit("/", 1)[-1]
+            self.failures.append(GuardFailure(f"{code.co_name} in {name}:{code.co_firstlineno}",
+                                              list(found)))  # fmt: skip
+            return found
+
+        translator = symbolic_convert.InstructionTranslatorBase
+        recompile_reasons = "get_and_maybe_log_recompilation_reasons"
+        with (
+            mock.patch.object(translator, "log_graph_break", on_break),
+            mock.patch.object(convert_frame, recompile_reasons, on_recompile),
+        ):
+            yield
 
 
-def explain(model: Callable[..., Any], inputs: Inputs) -> Explained:
-    """torch._dynamo.explain on one call of `model`, then Dynamo's state reset.
-
-    explain's own list keeps a break only when a graph was compiled before it, so a
-    `print` right after another break goes missing: every break Dynamo logs is recorded
-    too, and that fuller list wins when there is one."""
-    logged: list[_Break] = []
-    original = symbolic_convert.InstructionTranslatorBase.log_graph_break
-
-    def record(self: Any, code_options: Any, reason: str, exc: Any) -> None:
-        if not getattr(exc, "logged", False):
-            stack = getattr(exc, "real_stack", None)
-            if stack is None:
-                stack = torch._guards.TracingContext.extract_stack()
-            logged.append(_Break(str(reason), list(stack or ())))
-        original(self, code_options, reason, exc)
-
-    patch = mock.patch.object(symbolic_convert.InstructionTranslatorBase, "log_graph_break", record)
+def check(model: Callable[..., Any], base: Inputs, changed: list[Inputs]) -> Checked:
+    """Compile `model`, call it on `base`, then on each of `changed` in turn. Each run
+    starts from the state the previous ones left (a dim made dynamic stays dynamic), as
+    in a training loop."""
+    rec = _Recorder()
+    compiled = torch.compile(model, backend=rec.backend)
     try:
-        with quiet(), patch:
-            out = dynamo.explain(model)(*inputs.args, **inputs.kwargs)
-    except Exception as exc:  # noqa: BLE001 - e.g. `.item()` run on a fake tensor after its break
-        if not logged:
-            raise
-        return Explained(None, len(logged), None, logged, error=exc)
-    finally:
-        dynamo.reset()
-    breaks = logged if len(logged) > len(out.break_reasons) else list(out.break_reasons)
-    return Explained(out.graph_count, len(breaks), out.op_count, breaks)
-
-
-@dataclass
-class GuardFailure:
-    code: str  # "forward in model.py:12"
-    reasons: list[str] = field(default_factory=list)
-
-
-def recompiles_at(
-    model: Callable[..., Any], base: Inputs, changed: list[Inputs]
-) -> list[tuple[list[GuardFailure], str | None]]:
-    """Compile `model` on `base`, then call it on each of `changed` in turn; for each,
-    the frames Dynamo compiled again with the guards that failed, and the error of a run
-    that raised. Each run starts from the state the previous ones left (a dim made
-    dynamic stays dynamic), as in a training loop."""
-    failures: list[GuardFailure] = []
-    original = convert_frame.get_and_maybe_log_recompilation_reasons
-
-    def record(cache_entries: Any, frame: Any, *args: Any, **kwargs: Any) -> list[str]:
-        reasons = original(cache_entries, frame, *args, **kwargs)
-        code = frame.f_code
-        where = f"{code.co_name} in {code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno}"
-        failures.append(GuardFailure(where, list(reasons)))
-        return reasons
-
-    compiled = torch.compile(model, backend="eager")
-    out: list[tuple[list[GuardFailure], str | None]] = []
-    patch = mock.patch.object(convert_frame, "get_and_maybe_log_recompilation_reasons", record)
-    try:
-        with quiet(), patch:
-            compiled(*base.args, **base.kwargs)
+        with quiet(), rec.patched():
+            try:
+                compiled(*base.args, **base.kwargs)
+            except Exception as exc:  # noqa: BLE001 - e.g. `.item()` on a fake tensor after its break
+                if not rec.breaks:
+                    raise
+                return Checked(None, None, list(rec.breaks), error=exc)
+            done = Checked(len(rec.ops_per_graph), sum(rec.ops_per_graph), list(rec.breaks))
             for inputs in changed:
-                failures.clear()
-                error = None
-                try:
-                    compiled(*inputs.args, **inputs.kwargs)
-                except Exception as exc:  # noqa: BLE001 - the model's own failure is the answer
-                    lines = str(exc).strip().splitlines() or [""]
-                    error = f"{type(exc).__name__}: {lines[0][:300]}"
-                out.append((list(failures), error))
+                rec.failures.clear()
+                error = _call(compiled, inputs)
+                done.recompiles.append((list(rec.failures), error))
     finally:
         dynamo.reset()
-    return out
+    return done
+
+
+def _call(compiled: Callable[..., Any], inputs: Inputs) -> str | None:
+    try:
+        compiled(*inputs.args, **inputs.kwargs)
+    except Exception as exc:  # noqa: BLE001 - the model's own failure is the answer
+        lines = str(exc).strip().splitlines() or [""]
+        return f"{type(exc).__name__}: {lines[0][:300]}"
+    return None

@@ -1,10 +1,11 @@
 """torch.compile readiness (`report.compile`): Dynamo's graphs and graph breaks on the
 sample, with the user's line of each break, and the recompilations each named dim causes
-when it changes. Eager backend only (no Inductor), Dynamo reset after.
+when it changes. Graphs run eagerly (no Inductor), Dynamo reset after.
 
 Fake mode works: Dynamo traces with the inputs' own FakeTensorMode, so a model built on
 fake tensors is checked without allocating it (its graphs and breaks are those of the real
-model; a break that depends on tensor values, `.item()` / `.tolist()`, is still a break).
+model). A break on a tensor's value (`.item()`, `.tolist()`) is found, but the Python that
+runs after it has no value to go on with: the check stops there and says so.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import time
 from contextlib import nullcontext
 
 from inspector.compiling.breaks import graph_breaks
-from inspector.compiling.dynamo import GuardFailure, explain, recompiles_at
-from inspector.context import Context
+from inspector.compiling.dynamo import Checked, GuardFailure, check
+from inspector.context import Context, Inputs
 from inspector.graph.symdims import perturbed_value
 from inspector.health.state import preserved
 from inspector.report import Compile, Recompile
@@ -31,44 +32,47 @@ def run(ctx: Context) -> None:
         section.skipped = "a TorchScript model is not compiled with torch.compile"
         return
     with preserved(ctx.model), ctx.fake_mode or nullcontext():
+        moved = {name: perturbed_value(value) for name, value in ctx.inputs.dims.items()}
         try:
-            out = explain(ctx.model, ctx.inputs)
+            out = check(ctx.model, ctx.inputs, _changed(ctx, moved))
         except Exception as exc:  # noqa: BLE001 - Dynamo failing on the model is the answer
             section.error = _first_line(exc)
         else:
-            section.computed = True
-            section.graph_count, section.op_count = out.graph_count, out.op_count
-            section.graph_break_count = out.graph_break_count
-            section.breaks = graph_breaks(out.break_reasons, ctx.loaded.user_files)
-            if out.error is not None:  # fake tensors have no values to go on with
-                section.error = f"stopped after the last break: {_first_line(out.error)}"
-            else:
-                section.recompiles = _recompiles(ctx)
+            _fill(section, out, ctx, moved)
     section.seconds = round(time.perf_counter() - start, 3)
 
 
-def _recompiles(ctx: Context) -> list[Recompile]:
-    """Each named dim changed alone, in turn, on one compiled model."""
+def _changed(ctx: Context, moved: dict[str, int]) -> list[Inputs]:
+    """The inputs with each named dim changed alone."""
     dims = dict(ctx.inputs.dims)
-    if not dims:
-        return []
-    moved = {name: perturbed_value(value) for name, value in dims.items()}
-    changed = [
+    return [
         ctx.factory.build({**dims, name: value}, device=ctx.options.device)
         for name, value in moved.items()
     ]
-    results = recompiles_at(ctx.model, ctx.inputs, changed)
-    return [
+
+
+def _fill(section: Compile, out: Checked, ctx: Context, moved: dict[str, int]) -> None:
+    section.computed = True
+    section.graph_count, section.op_count = out.graph_count, out.op_count
+    section.graph_break_count = len(out.breaks)
+    section.breaks = graph_breaks(out.breaks, ctx.loaded.user_files)
+    if out.error is not None:  # fake tensors have no values to go on with
+        section.error = f"stopped after the last break: {_first_line(out.error)}"
+        return
+    section.recompiles = [
         Recompile(
             dim=name,
-            value=dims[name],
+            value=ctx.inputs.dims[name],
             changed_to=moved[name],
             recompiles=len(failures),
             guards=_guards(failures),
             error=error,
         )
-        for (name, (failures, error)) in zip(moved, results, strict=True)
+        for name, (failures, error) in zip(moved, out.recompiles, strict=True)
     ]
+
+
+_GUARD = re.compile(r"^\d+/\d+: (.+)$")
 
 
 def _guards(failures: list[GuardFailure]) -> list[str]:
@@ -83,9 +87,6 @@ def _guards(failures: list[GuardFailure]) -> list[str]:
                     text = guard.group(1).split("  #")[0].strip()
                     out.append(f"{failure.code}: {text}")
     return out
-
-
-_GUARD = re.compile(r"^\d+/\d+: (.+)$")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -181,6 +181,21 @@ def test_compare_page_shows_deltas(site):
     assert f"/compare/{b}..{a}" in html  # the swap link
 
 
+def test_compare_page_flags_a_changed_set_up(site):
+    a_report, b_report = small_report(), small_report()
+    a_report.meta.versions = {"torch": "2.13.0", "python": "3.11.9"}
+    b_report.meta.versions = {"torch": "2.14.0", "python": "3.11.9"}
+    a_report.meta.options, b_report.meta.options = {"dtype": "float32"}, {"dtype": "fp16"}
+    a, b = add(site, a_report, name="old torch"), add(site, b_report, name="new torch")
+    html = site[0].get(f"/compare/{a}..{b}").text
+    banner = re.search(r'<section class="panel drift" id="setup-drift">.*?</section>', html, re.S)
+    rows = re.findall(r'<tr data-key="(\w+)"><td>[^<]*</td><td><code>([^<]*)</code></td>'
+                      r'<td><code>([^<]*)</code>', banner.group(0))  # fmt: skip
+    assert rows == [("torch", "2.13.0", "2.14.0"), ("dtype", "float32", "fp16")]
+    same = add(site, small_report(), name="same")
+    assert "setup-drift" not in site[0].get(f"/compare/{same}..{same}").text
+
+
 def test_reports_search_status_and_pages(tmp_path):
     settings = make_settings(tmp_path)
     factory = make_session_factory(make_engine(settings.database_url))

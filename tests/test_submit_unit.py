@@ -13,12 +13,14 @@ import pytest
 from inspector.ci.citags import ci_tags
 from inspector.ci.gates import (
     check_budgets,
+    check_drift,
     check_findings,
     check_increases,
     gate_figures,
     gates_markdown,
     gates_table,
     parse_increase,
+    report_drift,
 )
 from inspector.ci.upload_source import resolve_input, resolve_model
 from inspector.cli import main
@@ -94,6 +96,33 @@ def test_graph_breaks_gate_reads_the_report_the_row_carries():
     old = gate_figures({"report": {"compile": {"graph_break_count": 1}}})
     [inc] = check_increases(figures, old, [parse_increase("graph_breaks=0")])
     assert (inc.verdict, inc.value) == ("fail", "3 (+2, +200.0%)")  # 1 -> 3 breaks
+
+
+def test_drift_gate_warns_or_fails_on_a_changed_set_up():
+    def body(torch: str, dtype: str) -> dict:
+        meta = {
+            "versions": {"torch": torch, "python": "3.11.9"},
+            "device": "cpu",
+            "options": {"dtype": dtype, "optimizer": "adamw"},
+            "dims": {"B": 8},
+        }
+        return {**FIGS, "report": {"meta": meta}}  # fmt: skip
+
+    base, same, upgraded = (
+        body("2.13.0", "float32"),
+        body("2.13.0", "float32"),
+        body("2.14.0", "float32"),
+    )
+    assert check_drift(report_drift(same, base)).verdict == "pass"
+    drift = report_drift(upgraded, base)
+    warned = check_drift(drift)
+    assert (warned.verdict, warned.value) == ("warn", "torch 2.13.0 → 2.14.0")
+    assert check_drift(drift, fail=True).verdict == "fail"  # --fail-on-drift
+    # a baseline row without its report: the set-up cannot be compared, said so
+    unknown = check_drift(report_drift(upgraded, FIGS))
+    assert (unknown.verdict, unknown.note) == ("skipped", "a report is missing")
+    assert "WARN" in gates_table([warned]) and "⚠️ drift" in gates_markdown([warned])
+    assert "All gates passed" in gates_markdown([warned])  # a warning fails nothing
 
 
 def test_ci_tags_github_pull_request_and_gitlab():

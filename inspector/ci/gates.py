@@ -26,11 +26,13 @@ __all__ = [
     "check_budgets",
     "check_increases",
     "check_findings",
+    "check_drift",
+    "report_drift",
     "gates_table",
     "gates_markdown",
 ]
 
-Verdict = Literal["pass", "fail", "skipped"]
+Verdict = Literal["pass", "fail", "skipped", "warn"]  # warn: shown, does not fail
 
 # The CLI's short name of each figure a gate can check -> the figure (label, unit, key
 # of the report row the API returns).
@@ -170,7 +172,32 @@ def check_findings(figures: Mapping[str, Any], fail_on: str) -> GateResult | Non
     return GateResult("findings", "Findings", value, limit, "fail" if bad else "pass")
 
 
-_SHOWN = {"pass": "pass", "fail": "FAIL", "skipped": "skipped"}
+def report_drift(body: Mapping[str, Any], baseline: Mapping[str, Any]) -> list[dict] | None:
+    """inspector.compare.setup_drift of the reports two API bodies carry; None when one
+    carries none."""
+    from inspector.compare import setup_drift
+    from inspector.report import Report
+
+    new, old = body.get("report"), baseline.get("report")
+    if not isinstance(new, dict) or not isinstance(old, dict):
+        return None
+    return setup_drift(Report.model_validate(old), Report.model_validate(new))
+
+
+def check_drift(changes: list[dict] | None, fail: bool = False) -> GateResult:
+    """The set-up against the baseline's: a version or option that differs is flagged
+    (warn), or fails the build when `fail` (`--fail-on-drift`)."""
+    label, limit = "Set-up vs baseline", "same versions and options"
+    if changes is None:
+        return GateResult("drift", label, "unknown", limit, "skipped", "a report is missing")
+    if not changes:
+        return GateResult("drift", label, "same", limit, "pass")
+    value = "; ".join(f"{d['label']} {d['a']} → {d['b']}" for d in changes)
+    note = "figure changes may come from this, not the code"
+    return GateResult("drift", label, value, limit, "fail" if fail else "warn", note)
+
+
+_SHOWN = {"pass": "pass", "fail": "FAIL", "skipped": "skipped", "warn": "WARN"}
 
 
 def gates_table(results: list[GateResult]) -> str:
@@ -194,7 +221,7 @@ def gates_markdown(results: list[GateResult]) -> str:
 
     if not results:
         return ""
-    icon = {"pass": "✅ pass", "fail": "❌ **FAIL**", "skipped": "➖ skipped"}
+    icon = {"pass": "✅ pass", "fail": "❌ **FAIL**", "skipped": "➖ skipped", "warn": "⚠️ drift"}
     rows = ["#### CI gates", "", "| Figure | Value | Limit | Verdict |", "|---|---:|---:|---|"]
     for r in results:
         cells = [r.figure, r.value, r.limit]

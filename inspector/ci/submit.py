@@ -20,12 +20,14 @@ from inspector.ci.gates import (
     GATE_FIGURES,
     GateResult,
     check_budgets,
+    check_drift,
     check_findings,
     check_increases,
     gate_figures,
     gates_markdown,
     gates_table,
     parse_increase,
+    report_drift,
 )
 from inspector.ci.upload_source import resolve_input, resolve_model
 from inspector.errors import UserError
@@ -99,6 +101,10 @@ def _add_gates(p: argparse.ArgumentParser) -> None:
                    metavar="FIGURE=LIMIT",
                    help=f"vs the baseline, e.g. train_peak=10%% or params=1e6; figures: "
                    f"{', '.join(GATE_FIGURES)}; repeatable")  # fmt: skip
+    g.add_argument("--fail-on-drift", action="store_true",
+                   help="fail when the versions (torch, CUDA, transformers) or options "
+                   "(dtype, optimizer, batch, device) differ from the baseline's "
+                   "(default: a warning)")  # fmt: skip
 
 
 def _size(text: str) -> int:
@@ -226,6 +232,8 @@ def _gates(
     if args.max_increase:
         old = gate_figures(baseline) if baseline is not None else None
         gates += check_increases(figures, old, args.max_increase)
+    if baseline is not None:
+        gates.append(check_drift(report_drift(body, baseline), args.fail_on_drift))
     findings = check_findings(figures, args.fail_on)
     return gates + ([findings] if findings else [])
 

@@ -125,6 +125,7 @@ def _meta(model: str, input: str | None, options: Options) -> Meta:
             "device": options.device,
             "budgets_bytes": options.budgets_bytes,
             "seed": options.seed,
+            "compile": options.compile,
         },
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     )

@@ -310,7 +310,8 @@ class Recompile(_Model):
     dim: str
     value: int  # the dim's default value
     changed_to: int
-    recompiles: int  # frames compiled again
+    recompiles: int  # frames compiled again; with counted False, 1 means "at least one"
+    counted: bool = False  # every recompile counted (--compile all), else the first found
     guards: list[str] = Field(default_factory=list)  # the guards that failed, torch's text
     error: str | None = None  # the run at the changed dim failed
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inspector.context import Inputs
+from inspector.context import Inputs, Options
 from inspector.health.adhoc import context_for
 from inspector.passes import dynamo, findings
 
@@ -34,17 +34,6 @@ class Healthy(nn.Module):
         return self.b(torch.relu(self.a(x))) * 2.0
 
 
-class SizeBranch(nn.Module):
-    """A Python branch on the batch size: Dynamo guards on it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.a(x) * 2 if x.shape[0] > 4 else self.a(x)
-
-
 def _line(tag: str) -> int:
     with open(__file__) as f:
         return next(i for i, text in enumerate(f, 1) if tag in text and "_line" not in text)
@@ -61,8 +50,11 @@ class _AtDims:
         return Inputs(args=(torch.randn(b, 4),), dims={"B": b})
 
 
-def run(model: nn.Module, batch: int = 8, fake: bool = False):
-    ctx = context_for(model, (torch.randn(batch, 4),), capture="hooks", user_files=[__file__])
+def run(model: nn.Module, batch: int = 8, level: str = "fast"):
+    options = Options(compile=level)
+    ctx = context_for(
+        model, (torch.randn(batch, 4),), options=options, capture="hooks", user_files=[__file__]
+    )
     ctx.factory = _AtDims(batch)
     ctx.inputs = ctx.factory.build()
     dynamo.run(ctx)
@@ -107,20 +99,30 @@ def test_a_healthy_model_is_one_graph_without_findings() -> None:
 
 
 def test_recompiles_per_named_dim_with_the_failed_guard() -> None:
-    section = run(Healthy(), batch=8).report.compile
-    # B: 8 -> 4 (inspector.graph.symdims.perturbed_value halves an even dim); the size
-    # guard on x fails once, then Dynamo marks B dynamic
-    [entry] = section.recompiles
-    assert (entry.dim, entry.value, entry.changed_to, entry.recompiles) == ("B", 8, 4, 1)
-    assert "size mismatch at index 0. expected 8, actual 4" in entry.guards[0]
-    assert entry.guards[0].startswith("forward in test_compile.py:")
+    for level in ("fast", "all"):
+        section = run(Healthy(), batch=8, level=level).report.compile
+        # B: 8 -> 4 (inspector.graph.symdims.perturbed_value halves an even dim); the size
+        # guard on x fails: fast stops there, all recompiles (once: B is then dynamic)
+        [entry] = section.recompiles
+        assert (entry.dim, entry.value, entry.changed_to, entry.recompiles) == ("B", 8, 4, 1)
+        assert entry.counted == (level == "all") and entry.error is None
+        assert "size mismatch at index 0. expected 8, actual 4" in entry.guards[0]
+        assert entry.guards[0].startswith("forward in test_compile.py:")
 
 
-def test_a_branch_on_the_size_recompiles_on_the_other_side() -> None:
-    section = run(SizeBranch(), batch=8).report.compile
-    [entry] = section.recompiles
-    assert entry.recompiles == 1 and entry.error is None
-    assert any("size mismatch" in g or "x.size()[0]" in g for g in entry.guards), entry.guards
+def test_all_counts_the_frames_after_a_break_too() -> None:
+    # Breaks: the forward and the frame resumed after `print` both see the batch dim
+    # (the frame between, `print` alone, has no graph and no guards)
+    fast = run(Breaks(), level="fast").report.compile.recompiles[0]
+    full = run(Breaks(), level="all").report.compile.recompiles[0]
+    assert (fast.recompiles, fast.counted) == (1, False)
+    assert full.counted and full.recompiles > fast.recompiles, full.guards
+
+
+def test_compile_none_skips_the_check() -> None:
+    section = run(Breaks(), level="none").report.compile
+    assert not section.computed and section.skipped == "not asked for (--compile none)"
+    assert section.breaks == [] and section.graph_break_count is None
 
 
 def test_dynamo_state_is_reset_after() -> None:

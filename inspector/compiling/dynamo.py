@@ -28,6 +28,11 @@ from inspector.context import Inputs
 
 __all__ = ["Break", "GuardFailure", "Checked", "check", "quiet"]
 
+
+class _Stop(Exception):
+    """Raised where Dynamo would recompile, when only the first failed guard is wanted."""
+
+
 _OPS = ("call_function", "call_method", "call_module")
 
 
@@ -73,6 +78,7 @@ class _Recorder:
     """Patches Dynamo's two reporting points for the duration: breaks, failed guards."""
 
     def __init__(self) -> None:
+        self.stop_at_recompile = False  # record the first failed guard, then stop the run
         self.breaks: list[Break] = []
         self.failures: list[GuardFailure] = []
         self.ops_per_graph: list[int] = []
@@ -100,6 +106,8 @@ class _Recorder:
             name = code.co_filename.rsplit("/", 1)[-1]
             self.failures.append(GuardFailure(f"{code.co_name} in {name}:{code.co_firstlineno}",
                                               list(found)))  # fmt: skip
+            if self.stop_at_recompile:
+                raise _Stop  # no recompile: tracing again costs as much as the first compile
             return found
 
         translator = symbolic_convert.InstructionTranslatorBase
@@ -111,10 +119,16 @@ class _Recorder:
             yield
 
 
-def check(model: Callable[..., Any], base: Inputs, changed: list[Inputs]) -> Checked:
-    """Compile `model`, call it on `base`, then on each of `changed` in turn. Each run
-    starts from the state the previous ones left (a dim made dynamic stays dynamic), as
-    in a training loop."""
+def check(
+    model: Callable[..., Any], base: Inputs, changed: list[Inputs], count_all: bool = False
+) -> Checked:
+    """Compile `model`, call it on `base`, then on each of `changed` in turn.
+
+    count_all: each changed run recompiles where Dynamo does, and every frame compiled
+    again is counted; each run starts from the state the previous ones left (a dim made
+    dynamic stays dynamic), as in a training loop. Else each changed run stops at the
+    first frame whose guards fail (one failure at most, no recompile, the cost of a guard
+    check) and is judged against the sample's compile alone."""
     rec = _Recorder()
     compiled = torch.compile(model, backend=rec.backend)
     try:
@@ -126,10 +140,12 @@ def check(model: Callable[..., Any], base: Inputs, changed: list[Inputs]) -> Che
                     raise
                 return Checked(None, None, list(rec.breaks), error=exc)
             done = Checked(len(rec.ops_per_graph), sum(rec.ops_per_graph), list(rec.breaks))
+            rec.stop_at_recompile = not count_all
             for inputs in changed:
                 rec.failures.clear()
                 error = _call(compiled, inputs)
-                done.recompiles.append((list(rec.failures), error))
+                stopped = not count_all and bool(rec.failures)  # our _Stop, maybe wrapped
+                done.recompiles.append((list(rec.failures), None if stopped else error))
     finally:
         dynamo.reset()
     return done

@@ -28,13 +28,17 @@ def run(ctx: Context) -> None:
     """Fill `report.compile`."""
     start = time.perf_counter()
     ctx.report.compile = section = Compile(mode="train" if ctx.model.training else "eval")
+    if ctx.options.compile == "none":
+        section.skipped = "not asked for (--compile none)"
+        return
     if ctx.loaded.source_kind == "torchscript":
         section.skipped = "a TorchScript model is not compiled with torch.compile"
         return
     with preserved(ctx.model), ctx.fake_mode or nullcontext():
         moved = {name: perturbed_value(value) for name, value in ctx.inputs.dims.items()}
         try:
-            out = check(ctx.model, ctx.inputs, _changed(ctx, moved))
+            count_all = ctx.options.compile == "all"
+            out = check(ctx.model, ctx.inputs, _changed(ctx, moved), count_all=count_all)
         except Exception as exc:  # noqa: BLE001 - Dynamo failing on the model is the answer
             section.error = _first_line(exc)
         else:
@@ -65,6 +69,7 @@ def _fill(section: Compile, out: Checked, ctx: Context, moved: dict[str, int]) -
             value=ctx.inputs.dims[name],
             changed_to=moved[name],
             recompiles=len(failures),
+            counted=ctx.options.compile == "all",
             guards=_guards(failures),
             error=error,
         )

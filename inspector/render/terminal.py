@@ -441,7 +441,8 @@ def _compile(report: Report) -> Group | None:
     for r in c.recompiles:
         what = r.error or (r.guards[0] if r.guards else "no guard failed")
         change = f"{r.dim} {r.value} → {r.changed_to}"
-        lines.append((change, f"{r.recompiles} recompile(s): {what}"))
+        n = str(r.recompiles) if r.counted or not r.recompiles else "≥1"  # --compile fast
+        lines.append((change, f"{n} recompile(s): {what}"))
     if c.error:
         lines.append(("Error", Text(c.error, style="red")))
     return _grid("torch.compile", lines)

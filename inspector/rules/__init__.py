@@ -6,6 +6,7 @@ from __future__ import annotations
 from inspector.rules import (  # noqa: F401 - each module registers its rules
     capture,
     compile,
+    distributed,
     export,
     gradients,
     memory,

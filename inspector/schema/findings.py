@@ -25,6 +25,7 @@ SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
 RULE_THEMES: dict[str, tuple[str, ...]] = {
     "capture": ("capture-failed", "values-not-computed"),
     "compile": ("compile-graph-break",),
+    "distributed": ("ddp-unused-parameters",),
     "export": ("export-failed",),
     "gradients": (
         "grad-path-cut",

@@ -42,7 +42,8 @@ def run(name: str, model: str, spec: str, fake: bool) -> dict:
     start = time.perf_counter()
     report = inspect_model(model, spec, Options(fake=fake))
     total = time.perf_counter() - start
-    full = inspect_model(model, spec, Options(fake=fake, compile="all", passes={"graph", "compile"}))
+    counted = Options(fake=fake, compile="all", passes={"graph", "compile"})
+    full = inspect_model(model, spec, counted)
     c = report.compile
     return {
         "model": name,

@@ -182,6 +182,7 @@ TRIGGERS = [
     ("tensor-attribute", "warning", "mask", WithMask, (x4(),), None),
     ("inplace-read-later", "warning", "act", Residual, (x4(),), None),
     ("values-not-computed", "info", "", lambda: Two(), (x4(),), Options(fake=True)),
+    ("ddp-unused-parameters", "warning", "", Unused, (x4(),), None),
 ]
 
 
@@ -260,6 +261,31 @@ def test_cut_variants_name_the_op_and_line() -> None:
         assert [f.where for f in found] == ["a"], how
         assert f"`{op}`" in found[0].message and "test_rules.py:" in found[0].message, how
     assert "no_grad" in hits(inspect(Two("nograd"), x4()), "grad-path-cut")[0].message
+
+
+def test_ddp_names_the_parameters_without_gradient() -> None:
+    [found] = hits(inspect(Unused(), x4()), "ddp-unused-parameters")
+    # Unused: used = Linear(4, 2), spare = Linear(4, 2) never called: 2 of 4 tensors
+    assert "2 of 4 trainable parameters get no gradient" in found.message
+    assert "(spare.weight, spare.bias)" in found.message
+    assert "find_unused_parameters=True" in found.fix and "static_graph=True" in found.fix
+    cut = hits(inspect(Two("detach"), x4()), "ddp-unused-parameters")  # a cut path: no grad
+    assert [f.severity for f in cut] == ["warning"] and "a.weight, a.bias" in cut[0].message
+
+
+def test_ddp_defaults_are_safe_when_every_parameter_gets_a_gradient() -> None:
+    [found] = hits(inspect(Two(), x4()), "ddp-unused-parameters")
+    assert found.severity == "info"
+    assert "All 4 trainable parameters get a gradient" in found.message
+    assert "find_unused_parameters=False is safe for this input" in found.message
+    assert "static_graph=True applies" in found.message  # one fx graph, no value branch
+    frozen = Unused()
+    frozen.spare.requires_grad_(False)  # frozen on purpose: DDP skips it
+    [found] = hits(inspect(frozen, x4()), "ddp-unused-parameters")
+    assert found.severity == "info" and "All 2 trainable parameters" in found.message
+    ctx = context_for(Two(), (x4(),))
+    findings.run(ctx)  # no backward ran: nothing to say about DDP
+    assert not hits(ctx, "ddp-unused-parameters")
 
 
 def test_unused_says_whether_module_ran() -> None:

@@ -267,6 +267,10 @@ class ModeDiff(_Model):
     mode_dependent_modules: list[str] = Field(default_factory=list)
     output_max_abs_diff: float | None = None
     first_divergent_node: str | None = None
+    # two eval() forwards with different seeds: randomness left on in eval (F.dropout
+    # without training=self.training)
+    eval_max_abs_diff: float | None = None
+    eval_first_differing_node: str | None = None
     error: str | None = None
 
 

@@ -3,6 +3,8 @@ that does not; the registry itself; no error/warning on healthy standard models.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -10,11 +12,11 @@ from torch import nn
 from inspector.context import Options
 from inspector.graph.fxcapture import trace_fx
 from inspector.health.adhoc import context_for
-from inspector.passes import findings, gradients, modes, numerics
+from inspector.passes import findings, gradients, loss, modes, numerics
 from inspector.report import CaptureAttempt, Finding, MemoryAdvice
 from inspector.rules import RULES, rule, run_rules
 
-VALUE_PASSES = (gradients, numerics, modes, findings)
+VALUE_PASSES = (gradients, numerics, modes, loss, findings)
 
 
 def inspect(model: nn.Module, *args, options: Options | None = None, capture: str = "fx", **kw):
@@ -56,6 +58,8 @@ class Two(nn.Module):
             h = h * 1e-8 + x
         elif self.how == "explode":
             return self.b(h) * 1e5
+        elif self.how == "fdropout":
+            h = torch.nn.functional.dropout(h, 0.5)  # training defaults to True, even in eval
         elif self.how == "nan":
             h = torch.sqrt(h * 0.0) + h
         elif self.how == "inplace":
@@ -183,6 +187,7 @@ TRIGGERS = [
     ("inplace-read-later", "warning", "act", Residual, (x4(),), None),
     ("values-not-computed", "info", "", lambda: Two(), (x4(),), Options(fake=True)),
     ("ddp-unused-parameters", "warning", "", Unused, (x4(),), None),
+    ("eval-nondeterministic", "warning", "dropout", lambda: Two("fdropout"), (x4(),), None),
 ]
 
 
@@ -219,6 +224,9 @@ HEALTHY = [
     ("tensor-attribute", WithConstant, (x4(),)),  # fx's own constants are not the model's
     ("inplace-read-later", lambda: Residual(inplace=False), (x4(),)),
     ("values-not-computed", lambda: Two(), (x4(),)),
+    # nn.Dropout is off in eval; Training only scales by mode
+    ("eval-nondeterministic", lambda: nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)), (x4(),)),
+    ("eval-nondeterministic", Training, (x4(),)),
 ]
 
 
@@ -244,6 +252,7 @@ def test_every_rule_has_a_trigger_test() -> None:
         "train-mode-failure",
         "export-failed",  # tests/test_export.py
         "compile-graph-break",  # tests/test_compile.py
+        "softmax-before-cross-entropy",  # needs a loss_fn: its own tests below
     }
     assert set(RULES) == tested
 
@@ -286,6 +295,65 @@ def test_ddp_defaults_are_safe_when_every_parameter_gets_a_gradient() -> None:
     ctx = context_for(Two(), (x4(),))
     findings.run(ctx)  # no backward ran: nothing to say about DDP
     assert not hits(ctx, "ddp-unused-parameters")
+
+
+class Head(nn.Module):
+    """Linear logits, then `last` (none, softmax, log_softmax, sigmoid) in forward."""
+
+    def __init__(self, last: str = "none") -> None:
+        super().__init__()
+        self.lin, self.last = nn.Linear(4, 3), last
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        if self.last == "none":
+            return y
+        return getattr(torch, self.last)(y, dim=-1) if "softmax" in self.last else y.sigmoid()
+
+
+def _labels(output: torch.Tensor) -> torch.Tensor:
+    return torch.arange(output.shape[0]) % 3
+
+
+def _ce(output, inputs):  # noqa: ANN001, ANN202
+    return torch.nn.functional.cross_entropy(output.view(-1, 3), _labels(output))  # CE-LINE
+
+
+def _nll(output, inputs):  # noqa: ANN001, ANN202
+    return torch.nn.functional.nll_loss(output, _labels(output))
+
+
+def _bce(output, inputs):  # noqa: ANN001, ANN202
+    return nn.BCELoss()(output.clamp(0, 1), torch.ones_like(output))
+
+
+def _loss_hits(model: nn.Module, loss_fn) -> list[Finding]:  # noqa: ANN001
+    ctx = context_for(model, (x4(),), loss_fn=loss_fn, user_files=[__file__])
+    for stage in VALUE_PASSES:
+        stage.run(ctx)
+    return hits(ctx, "softmax-before-cross-entropy")
+
+
+def test_softmax_before_cross_entropy_names_the_loss_line() -> None:
+    text = Path(__file__).read_text().splitlines()
+    line = next(i for i, t in enumerate(text, 1) if "# CE-LINE" in t and "_ce(" not in t)
+    [found] = _loss_hits(Head("softmax"), _ce)  # softmax, then .view: still softmax
+    assert (found.severity, found.where) == ("warning", f"test_rules.py:{line}")
+    assert "its input comes from softmax" in found.message and "logits" in found.fix
+    assert [f.severity for f in _loss_hits(Head("log_softmax"), _ce)] == ["warning"]
+    nll = _loss_hits(Head("softmax"), _nll)
+    assert [f.message.split(":")[0] for f in nll] == ["nll_loss at test_rules.py"]
+    bce = _loss_hits(Head("none"), _bce)  # nn.BCELoss on clamped logits, no sigmoid
+    assert len(bce) == 1 and "BCEWithLogitsLoss" in bce[0].fix
+    assert "is not a sigmoid output" in bce[0].message
+
+
+def test_losses_on_the_right_inputs_are_quiet() -> None:
+    assert _loss_hits(Head("none"), _ce) == []  # logits into cross_entropy
+    assert _loss_hits(Head("log_softmax"), _nll) == []  # log-probabilities into nll_loss
+    sigmoid_bce = _loss_hits(Head("sigmoid"), lambda o, i: nn.BCELoss()(o, torch.ones_like(o)))
+    assert sigmoid_bce == []
+    assert _loss_hits(Head("softmax"), None) == []  # the default loss (means) has no loss fn
 
 
 def test_unused_says_whether_module_ran() -> None:

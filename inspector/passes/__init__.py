@@ -13,6 +13,7 @@ from inspector.passes import (
     findings,
     gradients,
     graph,
+    loss,
     memory,
     modes,
     numerics,
@@ -29,6 +30,7 @@ PASSES: list[tuple[str, Pass]] = [
     ("modes", modes.run),  # train() vs eval(): mode-dependent modules, divergence, BatchNorm
     ("export", export.run),  # torch.export / TorchScript / ONNX readiness
     ("serving", serving.run),  # KV cache per token, prefill/decode peaks, sequences that fit
+    ("loss", loss.run),  # which op made each loss function's input (softmax, sigmoid...)
     ("compile", dynamo.run),  # torch.compile readiness: Dynamo graphs, breaks, recompiles
     ("findings", findings.run),  # lint rules over every section: keep LAST
 ]

@@ -9,6 +9,7 @@ from inspector.rules import (  # noqa: F401 - each module registers its rules
     distributed,
     export,
     gradients,
+    loss,
     memory,
     modes,
     numerics,

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from inspector.context import Context
 from inspector.health.modecheck import BatchNormInput
 from inspector.health.thresholds import resolve
-from inspector.report import Finding, Report
+from inspector.report import Finding, Node, Report
 from inspector.rules.registry import finding, rule
 
 _BN_FIX = (
@@ -79,4 +79,45 @@ def mode_divergence(ctx: Context, report: Report) -> Iterator[Finding]:
         f"Mode-dependent modules: {listed or 'none found'}.",
         "Expected with Dropout/BatchNorm; call model.eval() for inference and "
         "model.train() for training.",
+    )
+
+
+# Graph ops that draw random numbers (call_function / call_method targets).
+_RANDOM_OPS = frozenset({
+    "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
+    "rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli",
+    "normal", "multinomial", "randperm", "uniform_", "normal_", "bernoulli_",
+})  # fmt: skip
+
+
+def _random_node(report: Report) -> Node | None:
+    """The first graph op that draws random numbers (modules such as nn.Dropout are
+    call_module nodes, off in eval, and not counted)."""
+    for node in report.nodes:
+        random = node.target.rpartition(".")[2] in _RANDOM_OPS
+        if random and node.op in ("call_function", "call_method"):
+            return node
+    return None
+
+
+@rule("eval-nondeterministic", "warning")
+def eval_nondeterministic(ctx: Context, report: Report) -> Iterator[Finding]:
+    """Two eval() forwards with different seeds differ: randomness stays on in eval, so
+    validation scores and inference are noisy."""
+    modes = report.modes
+    shows = modes.eval_first_differing_node
+    if not modes.computed or shows is None:
+        return
+    cause = _random_node(report)
+    node = cause.name if cause is not None else shows
+    at = f" ({cause.location})" if cause is not None and cause.location else ""
+    seen = f" (the difference shows first at '{shows}')" if cause is not None else ""
+    yield finding(
+        "eval-nondeterministic",
+        node,
+        f"two eval() forwards with different seeds differ by up to "
+        f"{modes.eval_max_abs_diff or 0:.3g}: '{node}'{at} draws random numbers in eval "
+        f"mode{seen}.",
+        "Pass training=self.training to F.dropout (or use nn.Dropout), and draw no random "
+        "numbers in forward when not self.training.",
     )

@@ -37,12 +37,14 @@ RULE_THEMES: dict[str, tuple[str, ...]] = {
         "inplace-autograd",
         "gradients-failed",
     ),
+    "loss": ("softmax-before-cross-entropy",),
     "memory": ("checkpoint-candidate",),
     "modes": (
         "batchnorm-single-value",
         "batchnorm-few-values",
         "train-mode-failure",
         "mode-divergence",
+        "eval-nondeterministic",
     ),
     "numerics": (
         "nan-activation",

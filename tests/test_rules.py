@@ -12,11 +12,11 @@ from torch import nn
 from inspector.context import Options
 from inspector.graph.fxcapture import trace_fx
 from inspector.health.adhoc import context_for
-from inspector.passes import findings, gradients, loss, modes, numerics
+from inspector.passes import findings, gradients, modes, numerics, probe
 from inspector.report import CaptureAttempt, Finding, MemoryAdvice
 from inspector.rules import RULES, rule, run_rules
 
-VALUE_PASSES = (gradients, numerics, modes, loss, findings)
+VALUE_PASSES = (gradients, numerics, modes, probe, findings)
 
 
 def inspect(model: nn.Module, *args, options: Options | None = None, capture: str = "fx", **kw):
@@ -125,6 +125,22 @@ class WithMask(nn.Module):
         return self.lin(x) * self.mask
 
 
+class MakesLayer(nn.Module):
+    """Builds a module (`layer`) or a bare parameter (`param`) inside forward."""
+
+    def __init__(self, how: str = "layer") -> None:
+        super().__init__()
+        self.lin, self.how = nn.Linear(4, 4), how
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        if self.how == "layer":
+            return nn.Linear(4, 3)(h)  # MADE-LINE
+        if self.how == "param":
+            return h * nn.Parameter(torch.ones(4))  # PARAM-LINE
+        return h
+
+
 class Training(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -143,6 +159,19 @@ class WithConstant(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.lin(x) + torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+
+def _line(tag: str) -> int:
+    text = Path(__file__).read_text().splitlines()
+    return next(i for i, t in enumerate(text, 1) if f"# {tag}" in t and "_line(" not in t)
+
+
+def test_param_created_in_forward_names_a_bare_parameter() -> None:
+    [found] = hits(inspect(MakesLayer("param"), x4()), "param-created-in-forward")
+    assert found.where == f"test_rules.py:{_line('PARAM-LINE')}"
+    assert found.message.startswith("nn.Parameter is created inside forward")
+    [layer] = hits(inspect(MakesLayer("layer"), x4()), "param-created-in-forward")
+    assert "a Linear module is created" in layer.message and "__init__" in layer.fix
 
 
 def conv_bn(bias: bool) -> nn.Module:
@@ -188,6 +217,14 @@ TRIGGERS = [
     ("values-not-computed", "info", "", lambda: Two(), (x4(),), Options(fake=True)),
     ("ddp-unused-parameters", "warning", "", Unused, (x4(),), None),
     ("eval-nondeterministic", "warning", "dropout", lambda: Two("fdropout"), (x4(),), None),
+    (
+        "param-created-in-forward",
+        "error",
+        f"test_rules.py:{_line('MADE-LINE')}",
+        MakesLayer,
+        (x4(),),
+        None,
+    ),
 ]
 
 
@@ -227,6 +264,7 @@ HEALTHY = [
     # nn.Dropout is off in eval; Training only scales by mode
     ("eval-nondeterministic", lambda: nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)), (x4(),)),
     ("eval-nondeterministic", Training, (x4(),)),
+    ("param-created-in-forward", lambda: MakesLayer("none"), (x4(),)),
 ]
 
 
@@ -335,8 +373,7 @@ def _loss_hits(model: nn.Module, loss_fn) -> list[Finding]:  # noqa: ANN001
 
 
 def test_softmax_before_cross_entropy_names_the_loss_line() -> None:
-    text = Path(__file__).read_text().splitlines()
-    line = next(i for i, t in enumerate(text, 1) if "# CE-LINE" in t and "_ce(" not in t)
+    line = _line("CE-LINE")
     [found] = _loss_hits(Head("softmax"), _ce)  # softmax, then .view: still softmax
     assert (found.severity, found.where) == ("warning", f"test_rules.py:{line}")
     assert "its input comes from softmax" in found.message and "logits" in found.fix

@@ -13,10 +13,10 @@ from inspector.passes import (
     findings,
     gradients,
     graph,
-    loss,
     memory,
     modes,
     numerics,
+    probe,
     serving,
 )
 
@@ -30,7 +30,7 @@ PASSES: list[tuple[str, Pass]] = [
     ("modes", modes.run),  # train() vs eval(): mode-dependent modules, divergence, BatchNorm
     ("export", export.run),  # torch.export / TorchScript / ONNX readiness
     ("serving", serving.run),  # KV cache per token, prefill/decode peaks, sequences that fit
-    ("loss", loss.run),  # which op made each loss function's input (softmax, sigmoid...)
+    ("probe", probe.run),  # loss inputs (softmax before CE...), parameters made in forward
     ("compile", dynamo.run),  # torch.compile readiness: Dynamo graphs, breaks, recompiles
     ("findings", findings.run),  # lint rules over every section: keep LAST
 ]

@@ -1,4 +1,4 @@
-"""Rules on how the loss is computed from the model's output (passes/loss.py)."""
+"""Rules on how the loss is computed from the model's output (passes/probe.py)."""
 
 from __future__ import annotations
 

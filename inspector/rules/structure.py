@@ -170,3 +170,21 @@ def inplace_read_later(ctx: Context, report: Report) -> Iterator[Finding]:
                 "see the modified value.",
                 "Use the out-of-place op (or inplace=False), or clone the tensor first.",
             )
+
+
+@rule("param-created-in-forward", "error")
+def param_created_in_forward(ctx: Context, report: Report) -> Iterator[Finding]:
+    """A parameter or module built inside forward is new on every call: its weights are
+    random each step, never reach the optimizer and are not saved."""
+    for made in ctx.results.created_in_forward:
+        what = "nn.Parameter" if made.what == "Parameter" else f"a {made.what} module"
+        at = f" at {made.location}" if made.location else ""
+        code = f" (`{made.source_line}`)" if made.source_line else ""
+        yield finding(
+            "param-created-in-forward",
+            made.location or "",
+            f"{what} is created inside forward{at}{code}: it is new on every call, so it "
+            "is never trained, never in model.parameters() for the optimizer, and not saved.",
+            "Create it once in __init__ (self.layer = ...) and only call it in forward; for a "
+            "constant tensor, register_buffer.",
+        )

@@ -59,6 +59,7 @@ RULE_THEMES: dict[str, tuple[str, ...]] = {
         "mixed-devices",
         "mixed-dtypes",
         "inplace-read-later",
+        "param-created-in-forward",
     ),
 }
 RULE_IDS = frozenset(rule for rules in RULE_THEMES.values() for rule in rules)

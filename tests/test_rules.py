@@ -141,6 +141,45 @@ class MakesLayer(nn.Module):
         return h
 
 
+class Positions(nn.Module):
+    """Adds positions 0..3 made in forward: without a device, on "cpu", moved with .to."""
+
+    def __init__(self, how: str = "follow") -> None:
+        super().__init__()
+        self.lin, self.how = nn.Linear(4, 4), how
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "none":
+            pos = torch.arange(4.0)  # NODEVICE-LINE
+        elif self.how == "cpu":
+            pos = torch.arange(4.0, device="cpu")  # CPU-LINE
+        elif self.how == "to":
+            pos = torch.arange(4.0, device=x.device).to("cpu")  # TO-LINE
+        else:
+            pos = torch.arange(4.0, device=x.device) * torch.tensor(2.0)  # 0-dim: fine
+        return self.lin(x + pos)
+
+
+class Attention(nn.Module):
+    """Single-head self-attention on [B, S, 16]: scores scaled by 1/sqrt(16) or not, and
+    queries `sharp` times larger (a saturated softmax at initialisation)."""
+
+    def __init__(self, scale: bool = True, sharp: float = 1.0) -> None:
+        super().__init__()
+        self.qkv, self.scale, self.sharp = nn.Linear(16, 48), scale, sharp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = (q * self.sharp) @ k.transpose(-2, -1)
+        if self.scale:
+            scores = scores / 4.0  # sqrt(16)
+        return torch.softmax(scores, dim=-1) @ v  # SOFTMAX-LINE
+
+
+def seq(batch: int = 4, length: int = 8) -> torch.Tensor:
+    return torch.randn(batch, length, 16)
+
+
 class Training(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -172,6 +211,29 @@ def test_param_created_in_forward_names_a_bare_parameter() -> None:
     assert found.message.startswith("nn.Parameter is created inside forward")
     [layer] = hits(inspect(MakesLayer("layer"), x4()), "param-created-in-forward")
     assert "a Linear module is created" in layer.message and "__init__" in layer.fix
+
+
+def test_hardcoded_device_says_how() -> None:
+    for how, tag, text in [
+        ("none", "NODEVICE-LINE", "`arange` makes a tensor without a device"),
+        ("cpu", "CPU-LINE", "with device='cpu'"),
+        ("to", "TO-LINE", "with .to('cpu')"),
+    ]:
+        [found] = hits(inspect(Positions(how), x4()), "hardcoded-device")
+        assert found.where == f"test_rules.py:{_line(tag)}", how
+        assert text in found.message and "device=x.device" in found.fix, how
+
+
+def test_softmax_saturated_without_scale_or_one_hot() -> None:
+    where = f"test_rules.py:{_line('SOFTMAX-LINE')}"
+    [unscaled] = hits(inspect(Attention(scale=False), seq()), "softmax-saturated")
+    assert (unscaled.severity, unscaled.where) == ("warning", where)
+    assert "no 1/sqrt(d) scale" in unscaled.message and "saturated" not in unscaled.message
+    # queries 100x larger: scores of std ~100, almost every row one-hot
+    [sharp] = hits(inspect(Attention(sharp=100.0), seq()), "softmax-saturated")
+    assert "rows put more than 0.99 of their weight on one position" in sharp.message
+    share = int(sharp.message.split("% of its")[0].rsplit(" ", 1)[1])
+    assert share > 50 and "of its 32 rows" in sharp.message  # 4 batches * 8 query rows
 
 
 def conv_bn(bias: bool) -> nn.Module:
@@ -225,6 +287,22 @@ TRIGGERS = [
         (x4(),),
         None,
     ),
+    (
+        "hardcoded-device",
+        "warning",
+        f"test_rules.py:{_line('NODEVICE-LINE')}",
+        lambda: Positions("none"),
+        (x4(),),
+        None,
+    ),
+    (
+        "softmax-saturated",
+        "warning",
+        f"test_rules.py:{_line('SOFTMAX-LINE')}",
+        lambda: Attention(scale=False),
+        (seq(),),
+        None,
+    ),
 ]
 
 
@@ -265,6 +343,13 @@ HEALTHY = [
     ("eval-nondeterministic", lambda: nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)), (x4(),)),
     ("eval-nondeterministic", Training, (x4(),)),
     ("param-created-in-forward", lambda: MakesLayer("none"), (x4(),)),
+    ("softmax-saturated", Attention, (seq(),)),
+    (
+        "softmax-saturated",
+        lambda: nn.MultiheadAttention(16, 2, batch_first=True),
+        (seq(), seq(), seq()),
+    ),  # torch's own attention scales: its softmax is not the user's
+    ("hardcoded-device", lambda: Positions("follow"), (x4(),)),
 ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from inspector.context import Context
+from inspector.health.attention import SATURATED_PROB
 from inspector.health.thresholds import resolve
 from inspector.report import Finding, NumericStats, Report
 from inspector.rules.registry import finding, rule
@@ -117,3 +118,29 @@ def bf16_precision(ctx: Context, report: Report) -> Iterator[Finding]:
         "around them).",
         severity=severity,
     )
+
+
+@rule("softmax-saturated", "warning")
+def softmax_saturated(ctx: Context, report: Report) -> Iterator[Finding]:
+    """An attention softmax that is (nearly) one-hot at initialisation, or whose scores
+    come from a matmul with no 1/sqrt(d) scale: its gradients vanish and training stalls."""
+    for seen in ctx.results.attention_softmaxes:
+        at = f" at {seen.location}" if seen.location else ""
+        code = f" (`{seen.source_line}`)" if seen.source_line else ""
+        share = seen.saturated_rows / seen.rows if seen.rows else 0.0
+        problems = []
+        if not seen.scaled:
+            problems.append("its scores come straight from a matmul, with no 1/sqrt(d) scale")
+        if not seen.fake and share > 0.5:
+            problems.append(
+                f"{share:.0%} of its {seen.rows:,} rows put more than "
+                f"{SATURATED_PROB} of their weight on one position at initialisation"
+            )
+        if problems:
+            yield finding(
+                "softmax-saturated",
+                seen.location or "",
+                f"attention softmax{at}{code}: " + "; ".join(problems) + ".",
+                "Scale the scores by 1/sqrt(head_dim) before the softmax, or use "
+                "F.scaled_dot_product_attention (scaled, fused, and no S x S matrix kept).",
+            )

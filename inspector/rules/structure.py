@@ -188,3 +188,24 @@ def param_created_in_forward(ctx: Context, report: Report) -> Iterator[Finding]:
             "Create it once in __init__ (self.layer = ...) and only call it in forward; for a "
             "constant tensor, register_buffer.",
         )
+
+
+@rule("hardcoded-device", "warning")
+def hardcoded_device(ctx: Context, report: Report) -> Iterator[Finding]:
+    """Forward puts a tensor on a fixed device (or on the default one by omission): it
+    breaks, or copies every step, once the model moves to another device."""
+    for fixed in ctx.results.fixed_devices:
+        code = f" (`{fixed.source_line}`)" if fixed.source_line else ""
+        what = (
+            f"`{fixed.op}` makes a tensor without a device"
+            if fixed.how == "no device"
+            else f"a tensor is put on a fixed device with {fixed.how}"
+        )
+        yield finding(
+            "hardcoded-device",
+            fixed.location,
+            f"{what} in forward at {fixed.location}{code}: on another device than this "
+            "run's it mixes devices ('Expected all tensors to be on the same device').",
+            "Follow the inputs: device=x.device (or torch.zeros_like / new_zeros), "
+            "register constant tensors as buffers, and move the model, not tensors, with .to().",
+        )

@@ -52,6 +52,7 @@ RULE_THEMES: dict[str, tuple[str, ...]] = {
         "saturated-activation",
         "fp16-overflow",
         "bf16-precision",
+        "softmax-saturated",
     ),
     "structure": (
         "bias-before-batchnorm",
@@ -60,6 +61,7 @@ RULE_THEMES: dict[str, tuple[str, ...]] = {
         "mixed-dtypes",
         "inplace-read-later",
         "param-created-in-forward",
+        "hardcoded-device",
     ),
 }
 RULE_IDS = frozenset(rule for rules in RULE_THEMES.values() for rule in rules)

@@ -49,6 +49,9 @@ class NumericStats(_Model):
     dead_fraction: float | None = None  # ReLU-like: share of features zero for the whole batch
     saturated_fraction: float | None = None  # sigmoid/tanh: share within 1e-3 of the bounds
     fp16_overflow_count: int = 0  # |x| > 65504
+    # share of the nonzero values below float16's smallest normal (6.1e-5): they lose
+    # precision or flush to zero under fp16
+    fp16_underflow_fraction: float | None = None
     bf16_error: float | None = None  # rms(x - bf16(x)) / std(x): precision lost in bf16
 
 

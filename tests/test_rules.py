@@ -58,6 +58,8 @@ class Two(nn.Module):
             h = h * 1e-8 + x
         elif self.how == "explode":
             return self.b(h) * 1e5
+        elif self.how == "tiny":
+            h = h * 1e-6  # |h| ~ 1e-6: below float16's normal range
         elif self.how == "fdropout":
             h = torch.nn.functional.dropout(h, 0.5)  # training defaults to True, even in eval
         elif self.how == "nan":
@@ -248,6 +250,21 @@ def x4(batch: int = 16) -> torch.Tensor:
     return torch.randn(batch, 4)
 
 
+def bn_stats(running_var: float | None) -> nn.Module:
+    """bn1d with running stats set by hand (stale: tiny variance), or learned from
+    data like x4 by 30 train-mode forwards (None)."""
+    model = bn1d()
+    norm = model[1]
+    if running_var is None:
+        with torch.no_grad():
+            for _ in range(30):
+                model(x4(64))
+    else:
+        norm.running_var.fill_(running_var)
+        norm.num_batches_tracked += 100
+    return model
+
+
 # (rule id, severity, where, model factory, args, options)
 TRIGGERS = [
     ("grad-path-cut", "error", "a", lambda: Two("detach"), (x4(),), None),
@@ -262,6 +279,9 @@ TRIGGERS = [
     ("dead-relu", "warning", "relu", lambda: Two("dead"), (x4(),), None),
     ("saturated-activation", "warning", "sigmoid", lambda: Two("saturate"), (x4(),), None),
     ("fp16-overflow", "warning", "add", lambda: Two("big"), (x4(),), Options(dtype="fp16")),
+    ("fp16-underflow", "warning", "mul", lambda: Two("tiny"), (x4(),), Options(dtype="fp16")),
+    ("batchnorm-stats", "warning", "1", lambda: bn_stats(0.001), (x4(),), None),
+    ("data-parallel", "info", "", lambda: nn.DataParallel(Two()), (x4(),), None),
     ("bf16-precision", "warning", "add", lambda: Two("offset"), (x4(),), Options(dtype="bf16")),
     ("batchnorm-single-value", "error", "1", bn1d, (x4(1),), None),
     ("batchnorm-few-values", "warning", "1", bn1d, (x4(4),), None),
@@ -330,6 +350,9 @@ HEALTHY = [
     ("dead-relu", lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU()), (x4(),)),
     ("saturated-activation", lambda: nn.Sequential(nn.Linear(4, 8), nn.Sigmoid()), (x4(),)),
     ("fp16-overflow", lambda: Two(), (x4(),)),
+    ("fp16-underflow", lambda: Two(), (x4(),)),
+    ("batchnorm-stats", lambda: bn_stats(None), (x4(),)),  # stats learned on such data
+    ("data-parallel", lambda: Two(), (x4(),)),
     ("bf16-precision", lambda: Two(), (x4(),)),
     ("batchnorm-single-value", bn1d, (x4(16),)),
     ("batchnorm-few-values", bn1d, (x4(16),)),
@@ -481,6 +504,22 @@ def test_losses_on_the_right_inputs_are_quiet() -> None:
 def test_unused_says_whether_module_ran() -> None:
     message = hits(inspect(Unused(), x4()), "unused-parameter")[0].message
     assert "weight, bias" in message and "never called" in message
+
+
+def test_batchnorm_stats_at_their_defaults_are_info() -> None:
+    [found] = hits(inspect(bn1d(), x4()), "batchnorm-stats")
+    assert (found.severity, found.where) == ("info", "1")
+    assert "1 BatchNorm layer(s) still have their default running stats" in found.message
+    [stale] = hits(inspect(bn_stats(0.001), x4()), "batchnorm-stats")
+    # a Linear(4, 8) of x4 has a batch variance of order 0.1-1 per channel, against 0.001
+    ratio = float(stale.message.split("up to ")[1].split("x its")[0])
+    assert ratio > 10 and "update_bn" in stale.fix
+
+
+def test_fp16_underflow_quotes_the_share() -> None:
+    [found] = hits(inspect(Two("tiny"), x4()), "fp16-underflow")
+    # every nonzero value of h * 1e-6 is below 6.1e-5 (|h| < 61 for a Linear(4, 4) of x4)
+    assert found.severity == "info" and "'mul' 100% of the nonzero values" in found.message
 
 
 def test_fp16_and_bf16_hazards_are_info_for_other_dtypes() -> None:

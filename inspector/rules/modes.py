@@ -121,3 +121,40 @@ def eval_nondeterministic(ctx: Context, report: Report) -> Iterator[Finding]:
         "Pass training=self.training to F.dropout (or use nn.Dropout), and draw no random "
         "numbers in forward when not self.training.",
     )
+
+
+# Batch variance this many times the running variance: eval() normalises with stale stats.
+_VAR_RATIO = 10.0
+
+
+@rule("batchnorm-stats", "warning")
+def batchnorm_stats(ctx: Context, report: Report) -> Iterator[Finding]:
+    """eval() normalises with BatchNorm's running statistics: a warning when they are far
+    from the sample's (batch variance > 10x the running one), info when they are still
+    the defaults (mean 0, var 1: an untrained or freshly built model)."""
+    stale = [b for b in _batchnorm(ctx) if b.stats_at_defaults is False]
+    for bn in stale:
+        if bn.batch_var_ratio is not None and bn.batch_var_ratio > _VAR_RATIO:
+            yield finding(
+                "batchnorm-stats",
+                bn.path,
+                f"{bn.type} '{bn.path}': the sample's batch variance is up to "
+                f"{bn.batch_var_ratio:.3g}x its running variance, so eval() normalises "
+                "with statistics that do not match these inputs.",
+                "Recompute the running stats on data like this (a few train-mode forwards "
+                "under torch.no_grad(), or torch.optim.swa_utils.update_bn), and check the "
+                "input preprocessing matches training.",
+            )
+    fresh = [b.path for b in _batchnorm(ctx) if b.stats_at_defaults]
+    if fresh:
+        listed = ", ".join(fresh[:5]) + (f" and {len(fresh) - 5} more" if len(fresh) > 5 else "")
+        yield finding(
+            "batchnorm-stats",
+            fresh[0],
+            f"{len(fresh)} BatchNorm layer(s) still have their default running stats "
+            f"(mean 0, var 1): {listed}; eval() normalises with those, not with data "
+            "statistics.",
+            "Expected for a freshly built model; train it, or load its weights, before "
+            "judging eval() outputs.",
+            severity="info",
+        )

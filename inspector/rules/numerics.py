@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from inspector.context import Context
 from inspector.health.attention import SATURATED_PROB
+from inspector.health.stats import FP16_MIN_NORMAL
 from inspector.health.thresholds import resolve
 from inspector.report import Finding, NumericStats, Report
 from inspector.rules.registry import finding, rule
@@ -144,3 +145,32 @@ def softmax_saturated(ctx: Context, report: Report) -> Iterator[Finding]:
                 "Scale the scores by 1/sqrt(head_dim) before the softmax, or use "
                 "F.scaled_dot_product_attention (scaled, fused, and no S x S matrix kept).",
             )
+
+
+# Share of a node's nonzero values below float16's normal range that makes it matter.
+_UNDERFLOW_SHARE = 0.1
+
+
+@rule("fp16-underflow", "warning")
+def fp16_underflow(ctx: Context, report: Report) -> Iterator[Finding]:
+    """Activations mostly below float16's normal range (0 < |x| < 6.1e-5): under fp16
+    autocast they lose their precision or flush to zero. Warning under --dtype fp16."""
+    nodes = [
+        (name, s.fp16_underflow_fraction)
+        for name, _, s in _stats(ctx)
+        if s.fp16_underflow_fraction is not None and s.fp16_underflow_fraction > _UNDERFLOW_SHARE
+    ]
+    if not nodes:
+        return
+    severity = "warning" if ctx.options.dtype == "fp16" else "info"
+    name, share = nodes[0]
+    yield finding(
+        "fp16-underflow",
+        name,
+        f"{len(nodes)} node(s) hold values below float16's normal range "
+        f"(0 < |x| < {FP16_MIN_NORMAL:.2g}): {_listed([n for n, _ in nodes])}; at '{name}' "
+        f"{share:.0%} of the nonzero values, which fp16 autocast rounds off or flushes to zero.",
+        "Use bf16 autocast (float32's range), rescale (a larger init or a normalisation "
+        "before these ops), or keep them in float32; for gradients, torch.amp.GradScaler.",
+        severity=severity,
+    )

@@ -209,3 +209,18 @@ def hardcoded_device(ctx: Context, report: Report) -> Iterator[Finding]:
             "Follow the inputs: device=x.device (or torch.zeros_like / new_zeros), "
             "register constant tensors as buffers, and move the model, not tensors, with .to().",
         )
+
+
+@rule("data-parallel", "info")
+def data_parallel(ctx: Context, report: Report) -> Iterator[Finding]:
+    """nn.DataParallel: one process, a replica per GPU every step, the GIL between them."""
+    for path, module in ctx.model.named_modules():
+        if isinstance(module, nn.DataParallel):
+            yield finding(
+                "data-parallel",
+                path,
+                f"'{path or '(root)'}' is an nn.DataParallel: it copies the model to every GPU "
+                "on each step from one Python process, and PyTorch recommends against it.",
+                "Use DistributedDataParallel (torchrun, one process per GPU) or FSDP; "
+                "inspect the bare module (model.module).",
+            )

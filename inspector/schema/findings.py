@@ -45,6 +45,7 @@ RULE_THEMES: dict[str, tuple[str, ...]] = {
         "train-mode-failure",
         "mode-divergence",
         "eval-nondeterministic",
+        "batchnorm-stats",
     ),
     "numerics": (
         "nan-activation",
@@ -53,6 +54,7 @@ RULE_THEMES: dict[str, tuple[str, ...]] = {
         "fp16-overflow",
         "bf16-precision",
         "softmax-saturated",
+        "fp16-underflow",
     ),
     "structure": (
         "bias-before-batchnorm",
@@ -62,6 +64,7 @@ RULE_THEMES: dict[str, tuple[str, ...]] = {
         "inplace-read-later",
         "param-created-in-forward",
         "hardcoded-device",
+        "data-parallel",
     ),
 }
 RULE_IDS = frozenset(rule for rules in RULE_THEMES.values() for rule in rules)

@@ -178,6 +178,12 @@ class Attention(nn.Module):
         return torch.softmax(scores, dim=-1) @ v  # SOFTMAX-LINE
 
 
+class SdpaAttention(Attention):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
 def seq(batch: int = 4, length: int = 8) -> torch.Tensor:
     return torch.randn(batch, length, 16)
 
@@ -282,6 +288,14 @@ TRIGGERS = [
     ("fp16-underflow", "warning", "mul", lambda: Two("tiny"), (x4(),), Options(dtype="fp16")),
     ("batchnorm-stats", "warning", "1", lambda: bn_stats(0.001), (x4(),), None),
     ("data-parallel", "info", "", lambda: nn.DataParallel(Two()), (x4(),), None),
+    (
+        "attention-materialized",
+        "info",
+        f"test_rules.py:{_line('SOFTMAX-LINE')}",
+        Attention,
+        (seq(),),
+        None,
+    ),
     ("bf16-precision", "warning", "add", lambda: Two("offset"), (x4(),), Options(dtype="bf16")),
     ("batchnorm-single-value", "error", "1", bn1d, (x4(1),), None),
     ("batchnorm-few-values", "warning", "1", bn1d, (x4(4),), None),
@@ -353,6 +367,7 @@ HEALTHY = [
     ("fp16-underflow", lambda: Two(), (x4(),)),
     ("batchnorm-stats", lambda: bn_stats(None), (x4(),)),  # stats learned on such data
     ("data-parallel", lambda: Two(), (x4(),)),
+    ("attention-materialized", SdpaAttention, (seq(),)),
     ("bf16-precision", lambda: Two(), (x4(),)),
     ("batchnorm-single-value", bn1d, (x4(16),)),
     ("batchnorm-few-values", bn1d, (x4(16),)),
@@ -514,6 +529,13 @@ def test_batchnorm_stats_at_their_defaults_are_info() -> None:
     # a Linear(4, 8) of x4 has a batch variance of order 0.1-1 per channel, against 0.001
     ratio = float(stale.message.split("up to ")[1].split("x its")[0])
     assert ratio > 10 and "update_bn" in stale.fix
+
+
+def test_attention_materialized_sums_the_probabilities() -> None:
+    [found] = hits(inspect(Attention(), seq(4, 8)), "attention-materialized")
+    # probabilities [4, 8, 8] float32: 4 * 8 * 8 * 4 = 1,024 bytes = 1.00 KiB
+    assert "first [4x8x8]" in found.message and "at least 1.00 KiB" in found.message
+    assert "scaled_dot_product_attention" in found.fix and "saving about 1.00 KiB" in found.fix
 
 
 def test_fp16_underflow_quotes_the_share() -> None:

@@ -38,6 +38,8 @@ class AttentionSoftmax:
     saturated_rows: int = 0  # max probability > SATURATED_PROB (None-like 0 on fake)
     fake: bool = False  # no values: saturation unknown
     calls: int = 1
+    shape: list[int] | None = None  # the probabilities' shape, first call
+    bytes: int = 0  # the probabilities over all calls: what backward keeps of them
 
 
 class AttentionRecorder(TorchFunctionMode):
@@ -69,15 +71,19 @@ class AttentionRecorder(TorchFunctionMode):
         where, line = caller if caller else (None, None)
         fake = _is_fake(probs)
         rows = probs.numel() // max(probs.shape[-1], 1)
+        size = probs.numel() * probs.element_size()
         saturated = 0 if fake else int((probs.detach().amax(-1) > SATURATED_PROB).sum())
         known = self.found.get(where)
         if known is not None:
             known.calls += 1
             known.rows += rows
             known.saturated_rows += saturated
+            known.bytes += size
             return
         scaled = self.scores[scores] == "scaled"
-        self.found[where] = AttentionSoftmax(where, line, scaled, rows, saturated, fake)
+        self.found[where] = AttentionSoftmax(
+            where, line, scaled, rows, saturated, fake, shape=list(probs.shape), bytes=size
+        )
 
 
 def _by_number(args: Any, kwargs: dict) -> bool:

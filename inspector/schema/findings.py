@@ -38,7 +38,7 @@ RULE_THEMES: dict[str, tuple[str, ...]] = {
         "gradients-failed",
     ),
     "loss": ("softmax-before-cross-entropy",),
-    "memory": ("checkpoint-candidate",),
+    "memory": ("checkpoint-candidate", "attention-materialized"),
     "modes": (
         "batchnorm-single-value",
         "batchnorm-few-values",

@@ -50,13 +50,15 @@ class _AtDims:
         return Inputs(args=(torch.randn(b, 4),), dims={"B": b})
 
 
-def run(model: nn.Module, batch: int = 8, level: str = "fast"):
+def run(model: nn.Module, batch: int = 8, level: str = "fast", marked: bool = False):
     options = Options(compile=level)
     ctx = context_for(
         model, (torch.randn(batch, 4),), options=options, capture="hooks", user_files=[__file__]
     )
     ctx.factory = _AtDims(batch)
     ctx.inputs = ctx.factory.build()
+    if marked:  # as torch.export with dynamic shapes leaves the capture stage's inputs
+        torch._dynamo.mark_dynamic(ctx.inputs.args[0], 0)
     dynamo.run(ctx)
     findings.run(ctx)
     return ctx
@@ -108,6 +110,13 @@ def test_recompiles_per_named_dim_with_the_failed_guard() -> None:
         assert entry.counted == (level == "all") and entry.error is None
         assert "size mismatch at index 0. expected 8, actual 4" in entry.guards[0]
         assert entry.guards[0].startswith("forward in test_compile.py:")
+
+
+def test_dims_an_earlier_export_marked_dynamic_are_not_inherited() -> None:
+    section = run(Healthy(), batch=8, marked=True).report.compile
+    # a user's fresh tensors carry no marks: B's change fails the guard on x in forward
+    [entry] = section.recompiles
+    assert entry.recompiles == 1 and entry.guards[0].startswith("forward in test_compile.py:")
 
 
 def test_all_counts_the_frames_after_a_break_too() -> None:

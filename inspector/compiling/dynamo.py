@@ -130,6 +130,9 @@ def check(
     first frame whose guards fail (one failure at most, no recompile, the cost of a guard
     check) and is judged against the sample's compile alone."""
     rec = _Recorder()
+    # As a fresh process would: an earlier torch.export or compile in this one leaves
+    # Dynamo's per-code state (dims it already made dynamic) behind.
+    dynamo.reset()
     compiled = torch.compile(model, backend=rec.backend)
     try:
         with quiet(), rec.patched():

@@ -14,6 +14,9 @@ import re
 import time
 from contextlib import nullcontext
 
+import torch
+from torch.utils._pytree import tree_map
+
 from inspector.compiling.breaks import graph_breaks
 from inspector.compiling.dynamo import Checked, GuardFailure, check
 from inspector.context import Context, Inputs
@@ -38,12 +41,27 @@ def run(ctx: Context) -> None:
         moved = {name: perturbed_value(value) for name, value in ctx.inputs.dims.items()}
         try:
             count_all = ctx.options.compile == "all"
-            out = check(ctx.model, ctx.inputs, _changed(ctx, moved), count_all=count_all)
+            base = _unmarked(ctx.inputs)
+            out = check(ctx.model, base, _changed(ctx, moved), count_all=count_all)
         except Exception as exc:  # noqa: BLE001 - Dynamo failing on the model is the answer
             section.error = _first_line(exc)
         else:
             _fill(section, out, ctx, moved)
     section.seconds = round(time.perf_counter() - start, 3)
+
+
+def _unmarked(inputs: Inputs) -> Inputs:
+    """The inputs as new tensor objects: torch.export (the capture stage) marks the dims
+    it made dynamic on the tensors it was given, and Dynamo would honour those marks."""
+
+    def fresh(value: object) -> object:
+        if not isinstance(value, torch.Tensor):
+            return value
+        copy = value.detach()
+        return copy.requires_grad_() if value.requires_grad and copy.is_leaf else copy
+
+    args, kwargs = tree_map(fresh, (tuple(inputs.args), dict(inputs.kwargs)))
+    return Inputs(args=args, kwargs=kwargs, dims=dict(inputs.dims))
 
 
 def _changed(ctx: Context, moved: dict[str, int]) -> list[Inputs]:

@@ -291,6 +291,11 @@ class ExportTarget(_Model):
     error: str | None = None
     location: str | None = None
     seconds: float = 0.0
+    # run beside eager: "sample" and "B=4"-style changed dims; the largest difference and
+    # the first thing that did not match (a failure, or a difference past the tolerance)
+    checked: list[str] = Field(default_factory=list)
+    max_abs_diff: float | None = None
+    mismatch: str | None = None
 
 
 class Export(_Model):

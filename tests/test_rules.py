@@ -412,6 +412,7 @@ def test_every_rule_has_a_trigger_test() -> None:
         "gradients-failed",
         "train-mode-failure",
         "export-failed",  # tests/test_export.py
+        "export-mismatch",  # tests/test_export.py
         "compile-graph-break",  # tests/test_compile.py
         "softmax-before-cross-entropy",  # needs a loss_fn: its own tests below
     }

@@ -26,7 +26,7 @@ RULE_THEMES: dict[str, tuple[str, ...]] = {
     "capture": ("capture-failed", "values-not-computed"),
     "compile": ("compile-graph-break",),
     "distributed": ("ddp-unused-parameters",),
-    "export": ("export-failed",),
+    "export": ("export-failed", "export-mismatch"),
     "gradients": (
         "grad-path-cut",
         "unused-parameter",

@@ -18,6 +18,8 @@ from pages_server import insert_job, make_settings
 from inspector.report import Node, NumericStats
 from inspector.schema.options import (
     AUTOCAST_DTYPES,
+    COMPILE_LEVELS,
+    DEFAULT_COMPILE,
     DEFAULT_DTYPE,
     DEFAULT_EXPORT,
     DEFAULT_OPTIMIZER,
@@ -396,6 +398,7 @@ def test_upload_page_offers_the_schema_options(site):
     assert _select(html, "optimizer") == (list(OPTIMIZERS), [DEFAULT_OPTIMIZER])
     assert _select(html, "dtype") == (list(AUTOCAST_DTYPES), [DEFAULT_DTYPE])
     assert _select(html, "export") == (list(EXPORT_LEVELS), [DEFAULT_EXPORT])
+    assert _select(html, "compile") == (list(COMPILE_LEVELS), [DEFAULT_COMPILE])
     assert _select(html, "device") == (list(DEVICES), ["auto"])  # Settings.device's default
     assert 'id="opt-fake" name="fake"' in html and 'id="opt-budget" name="budget"' in html
 
@@ -403,7 +406,8 @@ def test_upload_page_offers_the_schema_options(site):
 def test_an_upload_with_the_forms_options_records_them(tmp_path, monkeypatch):
     with api_env("sqlite", tmp_path, monkeypatch, device="cpu") as env:
         assert _select(env.client.get("/").text, "device")[1] == ["cpu"]  # the server's default
-        form = {"optimizer": "sgd", "dtype": "bf16", "device": "cpu", "export": "none"}
+        form = {"optimizer": "sgd", "dtype": "bf16", "device": "cpu", "export": "none",
+                "compile": "all"}  # fmt: skip
         r = upload(env, data=form | {"fake": "true", "budget": "24GiB"})
         assert r.status_code == 201, r.text
         options = env.job(r.json()["slug"]).options

@@ -32,7 +32,13 @@ from inspector.ci.gates import (
 from inspector.ci.upload_source import resolve_input, resolve_model
 from inspector.errors import UserError
 from inspector.schema.figures import FIGURES
-from inspector.schema.options import AUTOCAST_DTYPES, DEVICES, OPTIMIZERS, SERVING_CHOICES
+from inspector.schema.options import (
+    AUTOCAST_DTYPES,
+    COMPILE_LEVELS,
+    DEVICES,
+    OPTIMIZERS,
+    SERVING_CHOICES,
+)
 from inspector.units import parse_size
 
 __all__ = ["add_arguments", "submit", "SubmitError", "EXIT_OK", "EXIT_GATES", "EXIT_ERROR"]
@@ -80,6 +86,8 @@ def _add_analysis(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=DEVICES)
     p.add_argument("--fake", action="store_true", help="fake tensors: no weights allocated")
     p.add_argument("--serving", choices=SERVING_CHOICES, help="serving memory (default auto)")
+    p.add_argument("--compile", choices=COMPILE_LEVELS,
+                   help="torch.compile readiness: none, fast (default), all")  # fmt: skip
 
 
 def _add_gates(p: argparse.ArgumentParser) -> None:
@@ -203,6 +211,7 @@ def _form(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.device,
         "fake": "true" if args.fake else None,
         "serving": args.serving,
+        "compile": args.compile,
     }
 
 

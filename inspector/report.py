@@ -313,6 +313,7 @@ class GraphBreak(_Model):
     code: str | None = None  # that line's text
     frames: list[str] = Field(default_factory=list)  # "file.py:LINE in fn", innermost last
     count: int = 1  # breaks at this site with this reason (a block called in a loop)
+    in_user_code: bool = True  # False: no frame of the user's files on the stack (a library)
     url: str | None = None  # torch's page on this kind of break
 
 

@@ -92,6 +92,17 @@ def test_each_break_is_a_warning_with_its_cure() -> None:
     assert "scale = h.abs().sum().item()" in found[0].message
 
 
+def test_a_break_inside_a_library_is_info() -> None:
+    # none of the stack's frames in the user's files: a library's break, not theirs to fix
+    ctx = context_for(Breaks(), (torch.randn(8, 4),), capture="hooks", user_files=["/lib.py"])
+    dynamo.run(ctx)
+    findings.run(ctx)
+    found = [f for f in ctx.report.findings if f.rule == "compile-graph-break"]
+    assert [f.severity for f in found] == ["info", "info"]
+    assert "inside a library, not in your code" in found[0].message
+    assert not any(b.in_user_code for b in ctx.report.compile.breaks)
+
+
 def test_a_healthy_model_is_one_graph_without_findings() -> None:
     ctx = run(Healthy())
     section = ctx.report.compile

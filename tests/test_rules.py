@@ -58,8 +58,10 @@ class Two(nn.Module):
             h = h * 1e-8 + x
         elif self.how == "explode":
             return self.b(h) * 1e5
-        elif self.how == "tiny":
-            h = h * 1e-6  # |h| ~ 1e-6: below float16's normal range
+        elif self.how == "tiny":  # |linear| ~ 1e-6: below float16's normal range
+            h = torch.nn.functional.linear(h, self.a.weight * 1e-6) + x
+        elif self.how == "tiny-mul":  # tiny, but elementwise: fp16 autocast keeps its dtype
+            h = (h * 1e-6).float() * 1e6
         elif self.how == "fdropout":
             h = torch.nn.functional.dropout(h, 0.5)  # training defaults to True, even in eval
         elif self.how == "nan":
@@ -285,7 +287,7 @@ TRIGGERS = [
     ("dead-relu", "warning", "relu", lambda: Two("dead"), (x4(),), None),
     ("saturated-activation", "warning", "sigmoid", lambda: Two("saturate"), (x4(),), None),
     ("fp16-overflow", "warning", "add", lambda: Two("big"), (x4(),), Options(dtype="fp16")),
-    ("fp16-underflow", "warning", "mul", lambda: Two("tiny"), (x4(),), Options(dtype="fp16")),
+    ("fp16-underflow", "warning", "linear", lambda: Two("tiny"), (x4(),), Options(dtype="fp16")),
     ("batchnorm-stats", "warning", "1", lambda: bn_stats(0.001), (x4(),), None),
     ("data-parallel", "info", "", lambda: nn.DataParallel(Two()), (x4(),), None),
     (
@@ -365,6 +367,7 @@ HEALTHY = [
     ("saturated-activation", lambda: nn.Sequential(nn.Linear(4, 8), nn.Sigmoid()), (x4(),)),
     ("fp16-overflow", lambda: Two(), (x4(),)),
     ("fp16-underflow", lambda: Two(), (x4(),)),
+    ("fp16-underflow", lambda: Two("tiny-mul"), (x4(),)),
     ("batchnorm-stats", lambda: bn_stats(None), (x4(),)),  # stats learned on such data
     ("data-parallel", lambda: Two(), (x4(),)),
     ("attention-materialized", SdpaAttention, (seq(),)),
@@ -541,8 +544,8 @@ def test_attention_materialized_sums_the_probabilities() -> None:
 
 def test_fp16_underflow_quotes_the_share() -> None:
     [found] = hits(inspect(Two("tiny"), x4()), "fp16-underflow")
-    # every nonzero value of h * 1e-6 is below 6.1e-5 (|h| < 61 for a Linear(4, 4) of x4)
-    assert found.severity == "info" and "'mul' 100% of the nonzero values" in found.message
+    # every value of linear(h, 1e-6 * W) is below 6.1e-5 (|h| < 61 for a Linear(4, 4) of x4)
+    assert found.severity == "info" and "'linear' 100% of the nonzero values" in found.message
 
 
 def test_fp16_and_bf16_hazards_are_info_for_other_dtypes() -> None:

@@ -46,6 +46,7 @@ def _one(text: str, stack: list[Any], user_files: Sequence[str]) -> GraphBreak:
     hints = [_after(line, "Hint:") for line in lines if line.startswith("Hint:")]
     url = next((m.group(1) for line in lines if (m := _URL.search(line))), None)
     frame = _user_frame(stack, user_files)
+    mine = bool(user_files) and frame is not None and is_user_file(frame.filename, user_files)
     where = code = None
     if frame is not None:
         where = f"{os.path.basename(frame.filename)}:{frame.lineno}"
@@ -59,6 +60,7 @@ def _one(text: str, stack: list[Any], user_files: Sequence[str]) -> GraphBreak:
         code=code,
         frames=[_frame_text(f) for f in stack[-_MAX_FRAMES:]],
         url=url,
+        in_user_code=mine,
     )
 
 

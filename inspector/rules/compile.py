@@ -33,17 +33,25 @@ _GENERAL = (
 @rule("compile-graph-break", "warning")
 def compile_graph_break(ctx: Context, report: Report) -> Iterator[Finding]:
     """torch.compile splits the forward at this line: each break is a round trip to
-    Python, fewer ops fused, and a recompile risk. Warning: it still runs, slower."""
+    Python, fewer ops fused, and a recompile risk. Warning: it still runs, slower. A break
+    inside a library, with none of the user's lines on the stack, is info: theirs to fix."""
     for item in report.compile.breaks:
         at = item.where or "an unknown line"
         code = f" (`{item.code}`)" if item.code else ""
         times = f" ({item.count} times)" if item.count > 1 else ""
+        inside = "" if item.in_user_code else " inside a library, not in your code"
         yield finding(
             "compile-graph-break",
             item.where or "",
-            f"torch.compile breaks the graph at {at}{code}{times}: {item.reason}",
-            _cure(item),
+            f"torch.compile breaks the graph{inside} at {at}{code}{times}: {item.reason}",
+            _cure(item) if item.in_user_code else _LIBRARY + _cure(item),
+            severity=None if item.in_user_code else "info",
         )
+
+
+_LIBRARY = (
+    "Upgrade the library or wrap the call in torch.compiler.disable if it matters; otherwise: "
+)
 
 
 def _cure(item: GraphBreak) -> str:

@@ -8,7 +8,7 @@ from inspector.context import Context
 from inspector.health.attention import SATURATED_PROB
 from inspector.health.stats import FP16_MIN_NORMAL
 from inspector.health.thresholds import resolve
-from inspector.report import Finding, NumericStats, Report
+from inspector.report import Finding, Node, NumericStats, Report
 from inspector.rules.registry import finding, rule
 
 _LIST = 5
@@ -149,16 +149,36 @@ def softmax_saturated(ctx: Context, report: Report) -> Iterator[Finding]:
 
 # Share of a node's nonzero values below float16's normal range that makes it matter.
 _UNDERFLOW_SHARE = 0.1
+# What fp16 autocast runs in float16 (matmuls, convolutions); the rest keeps its input's
+# dtype or runs in float32 (pow, exp, norms, softmax...), so only these outputs underflow.
+_FP16_OPS = frozenset({
+    "linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "__matmul__",
+    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+})  # fmt: skip
+_FP16_MODULES = frozenset({"Linear", "Conv1d", "Conv2d", "Conv3d", "Conv1D", "ConvTranspose1d",
+                           "ConvTranspose2d", "ConvTranspose3d", "Bilinear"})  # fmt: skip
+
+
+def _runs_in_fp16(node: Node | None) -> bool:
+    if node is None:
+        return False
+    if node.op in ("call_module", "module"):
+        return node.module_type in _FP16_MODULES
+    return node.target.rpartition(".")[2] in _FP16_OPS
 
 
 @rule("fp16-underflow", "warning")
 def fp16_underflow(ctx: Context, report: Report) -> Iterator[Finding]:
-    """Activations mostly below float16's normal range (0 < |x| < 6.1e-5): under fp16
-    autocast they lose their precision or flush to zero. Warning under --dtype fp16."""
+    """Outputs of ops fp16 autocast runs in float16 (matmuls, convolutions) mostly below
+    its normal range (0 < |x| < 6.1e-5): they lose their precision or flush to zero.
+    Warning under --dtype fp16."""
+    by_name = {n.name: n for n in report.nodes}
     nodes = [
         (name, s.fp16_underflow_fraction)
         for name, _, s in _stats(ctx)
-        if s.fp16_underflow_fraction is not None and s.fp16_underflow_fraction > _UNDERFLOW_SHARE
+        if s.fp16_underflow_fraction is not None
+        and s.fp16_underflow_fraction > _UNDERFLOW_SHARE
+        and _runs_in_fp16(by_name.get(name))
     ]
     if not nodes:
         return

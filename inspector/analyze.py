@@ -18,6 +18,7 @@ from inspector.inputspec import parse_input
 from inspector.loaders.load import load_model
 from inspector.passes import PASSES
 from inspector.report import Meta, Report
+from inspector.versions import versions
 
 __all__ = ["inspect_model", "resolve_device"]
 
@@ -109,6 +110,7 @@ def _meta(model: str, input: str | None, options: Options) -> Meta:
     if options.device == "cuda":
         device_name = torch.cuda.get_device_name()
     return Meta(
+        versions=versions(options.device),
         inspector_version=__version__,
         torch_version=torch.__version__,
         python_version=platform.python_version(),
@@ -123,6 +125,7 @@ def _meta(model: str, input: str | None, options: Options) -> Meta:
             "device": options.device,
             "budgets_bytes": options.budgets_bytes,
             "seed": options.seed,
+            "compile": options.compile,
         },
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     )

@@ -26,6 +26,8 @@ from inspector.ci.submit import submit as run_submit
 from inspector.errors import InputSpecError, UserError
 from inspector.schema.options import (
     AUTOCAST_DTYPES,
+    COMPILE_LEVELS,
+    DEFAULT_COMPILE,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
     DEFAULT_EXPORT,
@@ -142,6 +144,14 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
         "all adds strict torch.export and ONNX (slower)",
     )
     p.add_argument(
+        "--compile",
+        choices=COMPILE_LEVELS,
+        default=DEFAULT_COMPILE,
+        help="torch.compile readiness (Dynamo, eager backend): fast = graph breaks and the "
+        "first failed guard per named dim (default); all also counts every recompile "
+        "(one more compile per named dim); none skips it",
+    )
+    p.add_argument(
         "--serving",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -234,6 +244,7 @@ def _options(args: argparse.Namespace) -> Options:
         passes=args.passes,
         measure=args.measure,
         export=args.export,
+        compile=args.compile,
         serving=args.serving,
     )
 

@@ -11,7 +11,7 @@ from typing import Any
 from inspector.report import Module, Report
 from inspector.schema.figures import FIGURES
 
-__all__ = ["compare_reports", "delta"]
+__all__ = ["compare_reports", "delta", "setup_drift", "DRIFT_KEYS"]
 
 
 def delta(a: int | float | None, b: int | float | None) -> dict[str, Any]:
@@ -32,7 +32,50 @@ def compare_reports(a: Report, b: Report) -> dict[str, Any]:
         "max_batch": _max_batch(a, b),
         "modules": _modules(a, b),
         "findings": _findings_diff(a, b),
+        "drift": setup_drift(a, b),
     }
+
+
+# What a report was computed with that changes its figures, key -> label. A difference
+# in one of these between two reports is drift: the figures' changes may come from it.
+DRIFT_KEYS: dict[str, str] = {
+    "torch": "torch",
+    "python": "Python",
+    "cuda": "CUDA",
+    "cudnn": "cuDNN",
+    "transformers": "transformers",
+    "gpu_name": "GPU",
+    "device": "device",
+    "dtype": "activation dtype",
+    "optimizer": "optimizer",
+    "batch": "batch",
+    "fake": "fake tensors",
+}
+
+
+def setup_drift(a: Report, b: Report) -> list[dict[str, Any]]:
+    """`[{"key", "label", "a", "b"}]` for each version or option that differs. A side
+    that does not know a value (a report older than `meta.versions`) is no drift."""
+    old, new = _setup(a), _setup(b)
+    return [
+        {"key": key, "label": label, "a": old[key], "b": new[key]}
+        for key, label in DRIFT_KEYS.items()
+        if old.get(key) is not None and new.get(key) is not None and old[key] != new[key]
+    ]
+
+
+def _setup(report: Report) -> dict[str, Any]:
+    meta = report.meta
+    found: dict[str, Any] = {k: v for k, v in meta.versions.items() if v is not None}
+    found.setdefault("torch", meta.torch_version or None)
+    found.setdefault("python", meta.python_version or None)
+    found["device"] = meta.device or None
+    found["dtype"] = meta.options.get("dtype")
+    found["optimizer"] = meta.options.get("optimizer") or report.memory.optimizer
+    batch_dim = report.memory.batch_dim or ("B" if "B" in meta.dims else None)
+    found["batch"] = meta.dims.get(batch_dim) if batch_dim else None
+    found["fake"] = meta.fake
+    return found
 
 
 def _max_batch(a: Report, b: Report) -> dict[str, dict[str, Any]]:

@@ -18,7 +18,12 @@ from torch import nn
 
 from inspector.report import CaptureAttempt, Report
 from inspector.results import PassResults
-from inspector.schema.options import DEFAULT_DTYPE, DEFAULT_EXPORT, DEFAULT_OPTIMIZER
+from inspector.schema.options import (
+    DEFAULT_COMPILE,
+    DEFAULT_DTYPE,
+    DEFAULT_EXPORT,
+    DEFAULT_OPTIMIZER,
+)
 
 if TYPE_CHECKING:  # the graph modules import this one
     from inspector.graph.guidedfx import Decision
@@ -39,6 +44,7 @@ class Options:
     passes: set[str] | None = None  # None: every pass
     measure: bool = True  # measure real memory when not fake (costs one real step)
     export: str = DEFAULT_EXPORT  # export readiness: EXPORT_LEVELS
+    compile: str = DEFAULT_COMPILE  # torch.compile readiness: COMPILE_LEVELS
     serving: bool | None = None  # serving memory; None: on for presets/configs of decoder LMs
     # overrides of the health thresholds (inspector.health.thresholds.DEFAULTS)
     thresholds: dict[str, float] = field(default_factory=dict)

@@ -49,6 +49,9 @@ class NumericStats(_Model):
     dead_fraction: float | None = None  # ReLU-like: share of features zero for the whole batch
     saturated_fraction: float | None = None  # sigmoid/tanh: share within 1e-3 of the bounds
     fp16_overflow_count: int = 0  # |x| > 65504
+    # share of the nonzero values below float16's smallest normal (6.1e-5): they lose
+    # precision or flush to zero under fp16
+    fp16_underflow_fraction: float | None = None
     bf16_error: float | None = None  # rms(x - bf16(x)) / std(x): precision lost in bf16
 
 
@@ -132,6 +135,9 @@ class Capture(_Model):
 
 
 class Meta(_Model):
+    # torch, python, inspector, cuda (None on CPU), cudnn, transformers (None when not
+    # importable), gpu_name and gpu_driver on CUDA: inspector/versions.py
+    versions: dict[str, str | None] = Field(default_factory=dict)
     inspector_version: str = ""
     torch_version: str = ""
     python_version: str = ""
@@ -264,6 +270,10 @@ class ModeDiff(_Model):
     mode_dependent_modules: list[str] = Field(default_factory=list)
     output_max_abs_diff: float | None = None
     first_divergent_node: str | None = None
+    # two eval() forwards with different seeds: randomness left on in eval (F.dropout
+    # without training=self.training)
+    eval_max_abs_diff: float | None = None
+    eval_first_differing_node: str | None = None
     error: str | None = None
 
 
@@ -281,10 +291,58 @@ class ExportTarget(_Model):
     error: str | None = None
     location: str | None = None
     seconds: float = 0.0
+    # run beside eager: "sample" and "B=4"-style changed dims; the largest difference and
+    # the first thing that did not match (a failure, or a difference past the tolerance)
+    checked: list[str] = Field(default_factory=list)
+    max_abs_diff: float | None = None
+    mismatch: str | None = None
 
 
 class Export(_Model):
     targets: list[ExportTarget] = Field(default_factory=list)
+
+
+class GraphBreak(_Model):
+    """One place where torch.compile (Dynamo) stops its graph and falls back to Python."""
+
+    reason: str  # torch's text: its first line ("Unsupported Tensor.item() call ...")
+    explanation: str | None = None  # torch's "Explanation:" line
+    hints: list[str] = Field(default_factory=list)  # torch's "Hint:" lines
+    op: str | None = None  # what Dynamo could not trace: "Tensor.item()", "print"
+    where: str | None = None  # "file.py:LINE", the user's innermost frame where known
+    code: str | None = None  # that line's text
+    frames: list[str] = Field(default_factory=list)  # "file.py:LINE in fn", innermost last
+    count: int = 1  # breaks at this site with this reason (a block called in a loop)
+    in_user_code: bool = True  # False: no frame of the user's files on the stack (a library)
+    url: str | None = None  # torch's page on this kind of break
+
+
+class Recompile(_Model):
+    """What changing one named dim does to the compiled model."""
+
+    dim: str
+    value: int  # the dim's default value
+    changed_to: int
+    recompiles: int  # frames compiled again; with counted False, 1 means "at least one"
+    counted: bool = False  # every recompile counted (--compile all), else the first found
+    guards: list[str] = Field(default_factory=list)  # the guards that failed, torch's text
+    error: str | None = None  # the run at the changed dim failed
+
+
+class Compile(_Model):
+    """torch.compile readiness: Dynamo's graphs and breaks on the sample (eager backend)."""
+
+    computed: bool = False
+    backend: str = "eager"  # graphs are captured and run eagerly: no Inductor compile
+    mode: str | None = None  # "train" / "eval": the mode the model was compiled in
+    error: str | None = None  # Dynamo itself failed on the model
+    skipped: str | None = None  # why it was not attempted
+    graph_count: int | None = None
+    graph_break_count: int | None = None
+    op_count: int | None = None
+    breaks: list[GraphBreak] = Field(default_factory=list)  # one per site and reason
+    recompiles: list[Recompile] = Field(default_factory=list)  # one per named dim
+    seconds: float = 0.0
 
 
 class ServingLayer(_Model):
@@ -348,6 +406,7 @@ class Report(_Model):
     findings: list[Finding] = Field(default_factory=list)
     export: Export = Field(default_factory=Export)
     serving: Serving = Field(default_factory=Serving)
+    compile: Compile = Field(default_factory=Compile)
 
     def to_json(self, indent: int | None = None) -> str:
         return self.model_dump_json(indent=indent)

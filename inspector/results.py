@@ -8,7 +8,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # these modules import inspector.context, which imports this one
+    from inspector.health.attention import AttentionSoftmax
     from inspector.health.backprop import BackwardRun
+    from inspector.health.created import Created
+    from inspector.health.devices import FixedDevice
+    from inspector.health.lossops import LossCall
     from inspector.health.modecheck import BatchNormInput
     from inspector.memory.advice import Checked
     from inspector.memory.analysis import Analysis
@@ -44,5 +48,9 @@ class PassResults:
     memory_measured: Measurement | None = None  # passes/memory.py, real runs only
     gradients: BackwardRun | None = None  # passes/gradients.py: the forward + backward
     numerics: NumericsResult | None = None  # passes/numerics.py
+    loss_calls: list[LossCall] = field(default_factory=list)  # passes/probe.py
+    created_in_forward: list[Created] = field(default_factory=list)  # passes/probe.py
+    fixed_devices: list[FixedDevice] = field(default_factory=list)  # passes/probe.py
+    attention_softmaxes: list[AttentionSoftmax] = field(default_factory=list)  # passes/probe.py
     # passes/modes.py: BatchNorm inputs of the train() forward, by module path
     batchnorm_inputs: dict[str, BatchNormInput] = field(default_factory=dict)

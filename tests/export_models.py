@@ -36,3 +36,16 @@ class Unscriptable(nn.Module):
             return self.fc(x)
         except RuntimeError:
             return x
+
+
+class SizeBranch(nn.Module):
+    """A branch on the batch size: a trace keeps the side the sample took."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 4:
+            return self.fc(x)
+        return -self.fc(x)

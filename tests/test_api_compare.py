@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from api_support import BACKENDS, api_env, finish, mlp_report, upload
 
-from inspector.compare import compare_reports, delta
-from inspector.report import Module
+from inspector.compare import compare_reports, delta, setup_drift
+from inspector.report import Module, Report
 
 # hidden 16: fc1 = 8*16 + 16 = 144, fc2 = 16*4 + 4 = 68 -> 212 params
 # hidden 32: fc1 = 8*32 + 32 = 288, fc2 = 32*4 + 4 = 132 -> 420 params
@@ -59,8 +59,49 @@ def test_compare_reports_by_hand():
     assert diff["findings"]["resolved"] == []
 
 
+def _set_up(
+    report: Report,
+    torch: str = "2.13.0",
+    dtype: str = "float32",
+    batch: int = 8,
+    device: str = "cpu",
+    optimizer: str = "adamw",
+) -> Report:
+    report.meta.versions = {
+        "torch": torch,
+        "python": "3.11.9",
+        "inspector": "0.1.0",
+        "cuda": None,
+        "cudnn": None,
+        "transformers": "4.57.1",
+    }
+    report.meta.options = {**report.meta.options, "dtype": dtype, "optimizer": optimizer}
+    report.meta.device, report.meta.dims = device, {"B": batch}
+    return report  # fmt: skip
+
+
+def test_setup_drift_names_each_version_or_option_that_differs():
+    a = _set_up(mlp_report())
+    assert setup_drift(a, _set_up(mlp_report())) == []
+    b = _set_up(mlp_report(), torch="2.14.0", dtype="bf16", batch=16, optimizer="sgd")
+    assert setup_drift(a, b) == [
+        {"key": "torch", "label": "torch", "a": "2.13.0", "b": "2.14.0"},
+        {"key": "dtype", "label": "activation dtype", "a": "float32", "b": "bf16"},
+        {"key": "optimizer", "label": "optimizer", "a": "adamw", "b": "sgd"},
+        {"key": "batch", "label": "batch", "a": 8, "b": 16},
+    ]
+    gpu = _set_up(mlp_report(), device="cuda")
+    gpu.meta.versions.update(cuda="12.8", gpu_name="NVIDIA H200")
+    # CPU -> CUDA is the device's drift; the CPU side has no CUDA or GPU to differ
+    assert [d["key"] for d in setup_drift(a, gpu)] == ["device"]
+    old = mlp_report()  # a report from before meta.versions: its torch_version still counts
+    old.meta.torch_version, old.meta.options = "2.12.1", {"dtype": "float32"}
+    assert [d["key"] for d in setup_drift(old, a)] == ["torch"]
+
+
 def test_compare_with_itself_changes_nothing():
     diff = compare_reports(mlp_report(), mlp_report())
+    assert diff["drift"] == []
     assert {v["direction"] for v in diff["summary"].values()} <= {"same", None}
     assert diff["modules"]["changed"] == [] and diff["modules"]["unchanged"] == 3
 
@@ -88,6 +129,22 @@ def test_compare_endpoints(env):
     )
     assert body["summary"]["params"]["delta"] == B_PARAMS - A_PARAMS
     assert body["b"]["url"].endswith(f"/r/{b}")
+    assert body["drift"] == []
+
+
+def test_compare_and_markdown_flag_drift(env):
+    a = upload(env).json()["slug"]
+    b = upload(env).json()["slug"]
+    finish(env, a, _set_up(mlp_report(hidden=16)))
+    finish(env, b, _set_up(mlp_report(hidden=16), torch="2.14.0", dtype="bf16"))
+    body = env.client.get(f"/api/v1/compare/{a}..{b}").json()
+    assert [(d["key"], d["a"], d["b"]) for d in body["drift"]] == [
+        ("torch", "2.13.0", "2.14.0"), ("dtype", "float32", "bf16")]  # fmt: skip
+    text = env.client.get(f"/api/v1/reports/{b}/markdown", params={"baseline": a}).text
+    assert "**Set-up differs from the baseline:** torch 2.13.0 → 2.14.0, activation dtype " \
+        "float32 → bf16." in text  # fmt: skip
+    plain = env.client.get(f"/api/v1/reports/{b}/markdown").text
+    assert "Set-up differs" not in plain  # no baseline, nothing to differ from
 
 
 def test_compare_errors(env):

@@ -146,6 +146,9 @@ def test_tags_and_options(env):
     assert "dtype" in refused(upload(env, data={"dtype": "int8"}))
     assert "device" in refused(upload(env, data={"device": "tpu"}))
     assert "budget" in refused(upload(env, data={"budget": "lots"}))
+    assert "compile 'max': use one of none, fast, all" in refused(
+        upload(env, data={"compile": "max"})
+    )
     r = upload(
         env, data={"dtype": "bfloat16", "fake": "true", "budget": "16GB, 80GiB", "device": "cpu"}
     )
@@ -157,6 +160,7 @@ def test_tags_and_options(env):
         "fake": True,
         "budgets_bytes": [16 * 10**9, 80 * 1024**3],
         "export": "fast",
+        "compile": "fast",
         "serving": None,  # auto: the serving pass decides
     }
 

@@ -241,7 +241,7 @@ def test_upload_form_sends_the_chosen_options(browser, tmp_path):
             options = session.scalar(select(Job.options).where(Job.slug == slug))
     assert options == {
         "optimizer": "sgd", "dtype": "bf16", "device": "cpu", "export": "none", "fake": True,
-        "budgets_bytes": [24 * 1024**3, 80 * 1024**3], "serving": True,
+        "budgets_bytes": [24 * 1024**3, 80 * 1024**3], "serving": True, "compile": "fast",
     }  # fmt: skip
 
 

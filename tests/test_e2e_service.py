@@ -30,6 +30,11 @@ def _upload_and_check(url: str) -> None:
     report = body["report"]
     assert report["status"] == "done" and report["capture"]["method"] is not None
     assert report["totals"]["params"] == 36
+    # Dynamo runs inside the sandbox (seccomp, no network, rlimits): one graph, no break
+    compiled = report["compile"]
+    assert compiled["computed"] and compiled["error"] is None, compiled
+    assert (compiled["graph_count"], compiled["graph_break_count"]) == (1, 0)
+    assert report["meta"]["versions"]["torch"] == report["meta"]["torch_version"]
     # The report is reachable by its slug, immutable JSON, also as Markdown.
     again = httpx.get(f"{url}/api/v1/reports/{slug}", timeout=30).json()
     assert again["report"] == report

@@ -102,3 +102,47 @@ def test_export_levels_choose_the_targets() -> None:
     assert chosen["none"] == []
     assert chosen["fast"] == ["export-nonstrict", "torchscript-script", "torchscript-trace"]
     assert chosen["all"] == chosen["fast"][:1] + ["export-strict"] + chosen["fast"][1:] + ["onnx"]
+
+
+class _Batch(InputFactory):
+    """x = [B, 8] with the named dim B."""
+
+    def __init__(self, batch: int) -> None:
+        super().__init__({"B": batch})
+
+    def build(self, dims: dict[str, int] | None = None, device: str = "cpu") -> Inputs:
+        b = (dims or {}).get("B", self.dims["B"])
+        return Inputs((torch.randn(b, 8),), {}, dims={"B": b})
+
+
+def _checked(model: torch.nn.Module, batch: int = 8) -> tuple[dict, list]:
+    from inspector.rules.export import export_mismatch
+
+    loaded = LoadedModel(model, "python", "export_models.py", user_files=[USER_FILE])
+    factory = _Batch(batch)
+    ctx = Context(loaded, factory, factory.build(), Options(export="fast"), Report())
+    export.run(ctx)
+    return {t.target: t for t in ctx.report.export.targets}, list(export_mismatch(ctx, ctx.report))
+
+
+def test_exports_are_run_beside_eager_at_the_sample_and_a_changed_dim() -> None:
+    targets, found = _checked(export_models.Clean())
+    for name in ("export-nonstrict", "torchscript-script", "torchscript-trace"):
+        # B: 8 -> 4 (perturbed_value halves an even dim); float32 both ways, same kernels
+        assert targets[name].checked == ["sample", "B=4"], name
+        assert targets[name].mismatch is None and targets[name].max_abs_diff < 1e-5, name
+    assert found == []
+
+
+def test_a_trace_that_baked_in_a_size_branch_is_caught() -> None:
+    targets, found = _checked(export_models.SizeBranch())
+    trace = targets["torchscript-trace"]
+    # traced at B=8 (the `> 4` side); at B=4 eager negates, the trace does not: the
+    # difference is twice the largest output
+    assert trace.ok and trace.mismatch.startswith("B=4: differs from eager by up to")
+    assert targets["torchscript-script"].mismatch is None  # scripting keeps the branch
+    assert "fails" in targets["export-nonstrict"].mismatch  # export guards B > 4
+    by_target = {f.where: f for f in found}
+    assert by_target["torchscript-trace"].severity == "warning"
+    assert "torch.jit.script or torch.export" in by_target["torchscript-trace"].fix
+    assert set(by_target) == {"torchscript-trace", "export-nonstrict"}

@@ -18,6 +18,8 @@ from pages_server import insert_job, make_settings
 from inspector.report import Node, NumericStats
 from inspector.schema.options import (
     AUTOCAST_DTYPES,
+    COMPILE_LEVELS,
+    DEFAULT_COMPILE,
     DEFAULT_DTYPE,
     DEFAULT_EXPORT,
     DEFAULT_OPTIMIZER,
@@ -100,6 +102,32 @@ def test_done_report_page(site):
     assert json.loads(data.group(1))["totals"]["params"] == 676
 
 
+def test_report_page_shows_graph_breaks_with_their_code_lines(site):
+    from inspector.report import Compile, GraphBreak, Recompile
+
+    report = small_report()
+    report.compile = Compile(
+        computed=True, mode="train", graph_count=2, graph_break_count=1, breaks=[
+            GraphBreak(reason="Unsupported Tensor.item() call", op="Tensor.item()",
+                       where="model.py:12", code="if x.sum().item() > 0: <b>", count=3,
+                       hints=["Set capture_scalar_outputs"],
+                       url="https://meta-pytorch.github.io/compile-graph-break-site/gb/gb0124.html"),
+        ],
+        recompiles=[Recompile(dim="B", value=8, changed_to=4, recompiles=1,
+                              guards=["forward in model.py:5: tensor 'x' size mismatch"])],
+    )  # fmt: skip
+    html = site[0].get(f"/r/{add(site, report, name='breaks')}").text
+    table = re.search(r'<table class="plain" id="compile-breaks">.*?</table>', html, re.S).group(0)
+    assert "<code>model.py:12</code>" in table and "×3" in table
+    assert "if x.sum().item() &gt; 0: &lt;b&gt;" in table  # the user's line, escaped
+    assert "Unsupported Tensor.item() call" in table and "Hint: Set capture_scalar_outputs" in table
+    assert "1 graph break<" in html and "2 graphs" in html
+    recompiles = re.search(r'id="compile-recompiles">.*?</table>', html, re.S).group(0)
+    assert "8 → 4" in recompiles and "size mismatch" in recompiles
+    plain = site[0].get(f"/r/{add(site, small_report(), name='unchecked')}").text
+    assert "torch.compile readiness was not checked." in plain and "compile-breaks" not in plain
+
+
 def test_model_name_with_script_renders_as_text(site):
     slug = add(site, small_report(), name=XSS_NAME)
     for path in (f"/r/{slug}", "/", "/reports"):
@@ -153,6 +181,21 @@ def test_compare_page_shows_deltas(site):
     row = re.search(r'<tr data-key="params".*?</tr>', html, re.S).group(0)
     assert "676" in row and "1,500" in row and "+824" in row and "+121.9%" in row
     assert f"/compare/{b}..{a}" in html  # the swap link
+
+
+def test_compare_page_flags_a_changed_set_up(site):
+    a_report, b_report = small_report(), small_report()
+    a_report.meta.versions = {"torch": "2.13.0", "python": "3.11.9"}
+    b_report.meta.versions = {"torch": "2.14.0", "python": "3.11.9"}
+    a_report.meta.options, b_report.meta.options = {"dtype": "float32"}, {"dtype": "fp16"}
+    a, b = add(site, a_report, name="old torch"), add(site, b_report, name="new torch")
+    html = site[0].get(f"/compare/{a}..{b}").text
+    banner = re.search(r'<section class="panel drift" id="setup-drift">.*?</section>', html, re.S)
+    rows = re.findall(r'<tr data-key="(\w+)"><td>[^<]*</td><td><code>([^<]*)</code></td>'
+                      r'<td><code>([^<]*)</code>', banner.group(0))  # fmt: skip
+    assert rows == [("torch", "2.13.0", "2.14.0"), ("dtype", "float32", "fp16")]
+    same = add(site, small_report(), name="same")
+    assert "setup-drift" not in site[0].get(f"/compare/{same}..{same}").text
 
 
 def test_reports_search_status_and_pages(tmp_path):
@@ -355,6 +398,7 @@ def test_upload_page_offers_the_schema_options(site):
     assert _select(html, "optimizer") == (list(OPTIMIZERS), [DEFAULT_OPTIMIZER])
     assert _select(html, "dtype") == (list(AUTOCAST_DTYPES), [DEFAULT_DTYPE])
     assert _select(html, "export") == (list(EXPORT_LEVELS), [DEFAULT_EXPORT])
+    assert _select(html, "compile") == (list(COMPILE_LEVELS), [DEFAULT_COMPILE])
     assert _select(html, "device") == (list(DEVICES), ["auto"])  # Settings.device's default
     assert 'id="opt-fake" name="fake"' in html and 'id="opt-budget" name="budget"' in html
 
@@ -362,7 +406,8 @@ def test_upload_page_offers_the_schema_options(site):
 def test_an_upload_with_the_forms_options_records_them(tmp_path, monkeypatch):
     with api_env("sqlite", tmp_path, monkeypatch, device="cpu") as env:
         assert _select(env.client.get("/").text, "device")[1] == ["cpu"]  # the server's default
-        form = {"optimizer": "sgd", "dtype": "bf16", "device": "cpu", "export": "none"}
+        form = {"optimizer": "sgd", "dtype": "bf16", "device": "cpu", "export": "none",
+                "compile": "all"}  # fmt: skip
         r = upload(env, data=form | {"fake": "true", "budget": "24GiB"})
         assert r.status_code == 201, r.text
         options = env.job(r.json()["slug"]).options

@@ -323,3 +323,33 @@ def test_markdown_imports_neither_torch_nor_rich() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def _with_breaks(count: int) -> Report:
+    from inspector.report import Compile, GraphBreak, Recompile
+
+    report = make_report()
+    breaks = [GraphBreak(reason=f"reason {i}", where=f"model.py:{10 + i}", code=f"line {i}")
+              for i in range(count)]  # fmt: skip
+    report.compile = Compile(
+        computed=True, mode="train", graph_count=count + 1, graph_break_count=count,
+        breaks=breaks, recompiles=[Recompile(dim="B", value=8, changed_to=4, recompiles=1,
+                                             guards=["forward in model.py:5: size mismatch"])],
+    )  # fmt: skip
+    return report
+
+
+def test_terminal_compile_section() -> None:
+    out = render(_with_breaks(2))
+    assert "torch.compile" in out and "3 graph(s), 2 graph break(s) (eager backend, train" in out
+    assert "model.py:10" in out and "reason 0  line 0" in out and "model.py:11" in out
+    assert "B 8 → 4" in out and "1 recompile(s): forward in model.py:5: size mismatch" in out
+    assert "torch.compile" not in render(make_report())  # not checked: no section
+
+
+def test_markdown_graph_breaks_and_their_delta() -> None:
+    md = render_markdown(_with_breaks(3), baseline=_with_breaks(1))
+    deltas = {_cells(r)[0]: _cells(r)[1:] for r in _table_rows(md)[2:]}
+    # 3 breaks against 1: +2, +200.0%
+    assert deltas["Graph breaks (torch.compile)"] == ["3", "1", "▲ +2 (+200.0%)"]
+    assert "Graph breaks" not in render_markdown(make_report())  # not checked: no row

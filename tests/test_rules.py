@@ -3,6 +3,8 @@ that does not; the registry itself; no error/warning on healthy standard models.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -10,11 +12,11 @@ from torch import nn
 from inspector.context import Options
 from inspector.graph.fxcapture import trace_fx
 from inspector.health.adhoc import context_for
-from inspector.passes import findings, gradients, modes, numerics
+from inspector.passes import findings, gradients, modes, numerics, probe
 from inspector.report import CaptureAttempt, Finding, MemoryAdvice
 from inspector.rules import RULES, rule, run_rules
 
-VALUE_PASSES = (gradients, numerics, modes, findings)
+VALUE_PASSES = (gradients, numerics, modes, probe, findings)
 
 
 def inspect(model: nn.Module, *args, options: Options | None = None, capture: str = "fx", **kw):
@@ -56,6 +58,12 @@ class Two(nn.Module):
             h = h * 1e-8 + x
         elif self.how == "explode":
             return self.b(h) * 1e5
+        elif self.how == "tiny":  # |linear| ~ 1e-6: below float16's normal range
+            h = torch.nn.functional.linear(h, self.a.weight * 1e-6) + x
+        elif self.how == "tiny-mul":  # tiny, but elementwise: fp16 autocast keeps its dtype
+            h = (h * 1e-6).float() * 1e6
+        elif self.how == "fdropout":
+            h = torch.nn.functional.dropout(h, 0.5)  # training defaults to True, even in eval
         elif self.how == "nan":
             h = torch.sqrt(h * 0.0) + h
         elif self.how == "inplace":
@@ -121,6 +129,67 @@ class WithMask(nn.Module):
         return self.lin(x) * self.mask
 
 
+class MakesLayer(nn.Module):
+    """Builds a module (`layer`) or a bare parameter (`param`) inside forward."""
+
+    def __init__(self, how: str = "layer") -> None:
+        super().__init__()
+        self.lin, self.how = nn.Linear(4, 4), how
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        if self.how == "layer":
+            return nn.Linear(4, 3)(h)  # MADE-LINE
+        if self.how == "param":
+            return h * nn.Parameter(torch.ones(4))  # PARAM-LINE
+        return h
+
+
+class Positions(nn.Module):
+    """Adds positions 0..3 made in forward: without a device, on "cpu", moved with .to."""
+
+    def __init__(self, how: str = "follow") -> None:
+        super().__init__()
+        self.lin, self.how = nn.Linear(4, 4), how
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "none":
+            pos = torch.arange(4.0)  # NODEVICE-LINE
+        elif self.how == "cpu":
+            pos = torch.arange(4.0, device="cpu")  # CPU-LINE
+        elif self.how == "to":
+            pos = torch.arange(4.0, device=x.device).to("cpu")  # TO-LINE
+        else:
+            pos = torch.arange(4.0, device=x.device) * torch.tensor(2.0)  # 0-dim: fine
+        return self.lin(x + pos)
+
+
+class Attention(nn.Module):
+    """Single-head self-attention on [B, S, 16]: scores scaled by 1/sqrt(16) or not, and
+    queries `sharp` times larger (a saturated softmax at initialisation)."""
+
+    def __init__(self, scale: bool = True, sharp: float = 1.0) -> None:
+        super().__init__()
+        self.qkv, self.scale, self.sharp = nn.Linear(16, 48), scale, sharp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = (q * self.sharp) @ k.transpose(-2, -1)
+        if self.scale:
+            scores = scores / 4.0  # sqrt(16)
+        return torch.softmax(scores, dim=-1) @ v  # SOFTMAX-LINE
+
+
+class SdpaAttention(Attention):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def seq(batch: int = 4, length: int = 8) -> torch.Tensor:
+    return torch.randn(batch, length, 16)
+
+
 class Training(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -141,6 +210,42 @@ class WithConstant(nn.Module):
         return self.lin(x) + torch.tensor([1.0, 2.0, 3.0, 4.0])
 
 
+def _line(tag: str) -> int:
+    text = Path(__file__).read_text().splitlines()
+    return next(i for i, t in enumerate(text, 1) if f"# {tag}" in t and "_line(" not in t)
+
+
+def test_param_created_in_forward_names_a_bare_parameter() -> None:
+    [found] = hits(inspect(MakesLayer("param"), x4()), "param-created-in-forward")
+    assert found.where == f"test_rules.py:{_line('PARAM-LINE')}"
+    assert found.message.startswith("nn.Parameter is created inside forward")
+    [layer] = hits(inspect(MakesLayer("layer"), x4()), "param-created-in-forward")
+    assert "a Linear module is created" in layer.message and "__init__" in layer.fix
+
+
+def test_hardcoded_device_says_how() -> None:
+    for how, tag, text in [
+        ("none", "NODEVICE-LINE", "`arange` makes a tensor without a device"),
+        ("cpu", "CPU-LINE", "with device='cpu'"),
+        ("to", "TO-LINE", "with .to('cpu')"),
+    ]:
+        [found] = hits(inspect(Positions(how), x4()), "hardcoded-device")
+        assert found.where == f"test_rules.py:{_line(tag)}", how
+        assert text in found.message and "device=x.device" in found.fix, how
+
+
+def test_softmax_saturated_without_scale_or_one_hot() -> None:
+    where = f"test_rules.py:{_line('SOFTMAX-LINE')}"
+    [unscaled] = hits(inspect(Attention(scale=False), seq()), "softmax-saturated")
+    assert (unscaled.severity, unscaled.where) == ("warning", where)
+    assert "no 1/sqrt(d) scale" in unscaled.message and "saturated" not in unscaled.message
+    # queries 100x larger: scores of std ~100, almost every row one-hot
+    [sharp] = hits(inspect(Attention(sharp=100.0), seq()), "softmax-saturated")
+    assert "rows put more than 0.99 of their weight on one position" in sharp.message
+    share = int(sharp.message.split("% of its")[0].rsplit(" ", 1)[1])
+    assert share > 50 and "of its 32 rows" in sharp.message  # 4 batches * 8 query rows
+
+
 def conv_bn(bias: bool) -> nn.Module:
     return nn.Sequential(nn.Conv2d(3, 8, 3, bias=bias), nn.BatchNorm2d(8), nn.ReLU())
 
@@ -151,6 +256,21 @@ def bn1d() -> nn.Module:
 
 def x4(batch: int = 16) -> torch.Tensor:
     return torch.randn(batch, 4)
+
+
+def bn_stats(running_var: float | None) -> nn.Module:
+    """bn1d with running stats set by hand (stale: tiny variance), or learned from
+    data like x4 by 30 train-mode forwards (None)."""
+    model = bn1d()
+    norm = model[1]
+    if running_var is None:
+        with torch.no_grad():
+            for _ in range(30):
+                model(x4(64))
+    else:
+        norm.running_var.fill_(running_var)
+        norm.num_batches_tracked += 100
+    return model
 
 
 # (rule id, severity, where, model factory, args, options)
@@ -167,6 +287,17 @@ TRIGGERS = [
     ("dead-relu", "warning", "relu", lambda: Two("dead"), (x4(),), None),
     ("saturated-activation", "warning", "sigmoid", lambda: Two("saturate"), (x4(),), None),
     ("fp16-overflow", "warning", "add", lambda: Two("big"), (x4(),), Options(dtype="fp16")),
+    ("fp16-underflow", "warning", "linear", lambda: Two("tiny"), (x4(),), Options(dtype="fp16")),
+    ("batchnorm-stats", "warning", "1", lambda: bn_stats(0.001), (x4(),), None),
+    ("data-parallel", "info", "", lambda: nn.DataParallel(Two()), (x4(),), None),
+    (
+        "attention-materialized",
+        "info",
+        f"test_rules.py:{_line('SOFTMAX-LINE')}",
+        Attention,
+        (seq(),),
+        None,
+    ),
     ("bf16-precision", "warning", "add", lambda: Two("offset"), (x4(),), Options(dtype="bf16")),
     ("batchnorm-single-value", "error", "1", bn1d, (x4(1),), None),
     ("batchnorm-few-values", "warning", "1", bn1d, (x4(4),), None),
@@ -182,6 +313,32 @@ TRIGGERS = [
     ("tensor-attribute", "warning", "mask", WithMask, (x4(),), None),
     ("inplace-read-later", "warning", "act", Residual, (x4(),), None),
     ("values-not-computed", "info", "", lambda: Two(), (x4(),), Options(fake=True)),
+    ("ddp-unused-parameters", "warning", "", Unused, (x4(),), None),
+    ("eval-nondeterministic", "warning", "dropout", lambda: Two("fdropout"), (x4(),), None),
+    (
+        "param-created-in-forward",
+        "error",
+        f"test_rules.py:{_line('MADE-LINE')}",
+        MakesLayer,
+        (x4(),),
+        None,
+    ),
+    (
+        "hardcoded-device",
+        "warning",
+        f"test_rules.py:{_line('NODEVICE-LINE')}",
+        lambda: Positions("none"),
+        (x4(),),
+        None,
+    ),
+    (
+        "softmax-saturated",
+        "warning",
+        f"test_rules.py:{_line('SOFTMAX-LINE')}",
+        lambda: Attention(scale=False),
+        (seq(),),
+        None,
+    ),
 ]
 
 
@@ -209,6 +366,11 @@ HEALTHY = [
     ("dead-relu", lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU()), (x4(),)),
     ("saturated-activation", lambda: nn.Sequential(nn.Linear(4, 8), nn.Sigmoid()), (x4(),)),
     ("fp16-overflow", lambda: Two(), (x4(),)),
+    ("fp16-underflow", lambda: Two(), (x4(),)),
+    ("fp16-underflow", lambda: Two("tiny-mul"), (x4(),)),
+    ("batchnorm-stats", lambda: bn_stats(None), (x4(),)),  # stats learned on such data
+    ("data-parallel", lambda: Two(), (x4(),)),
+    ("attention-materialized", SdpaAttention, (seq(),)),
     ("bf16-precision", lambda: Two(), (x4(),)),
     ("batchnorm-single-value", bn1d, (x4(16),)),
     ("batchnorm-few-values", bn1d, (x4(16),)),
@@ -218,6 +380,17 @@ HEALTHY = [
     ("tensor-attribute", WithConstant, (x4(),)),  # fx's own constants are not the model's
     ("inplace-read-later", lambda: Residual(inplace=False), (x4(),)),
     ("values-not-computed", lambda: Two(), (x4(),)),
+    # nn.Dropout is off in eval; Training only scales by mode
+    ("eval-nondeterministic", lambda: nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)), (x4(),)),
+    ("eval-nondeterministic", Training, (x4(),)),
+    ("param-created-in-forward", lambda: MakesLayer("none"), (x4(),)),
+    ("softmax-saturated", Attention, (seq(),)),
+    (
+        "softmax-saturated",
+        lambda: nn.MultiheadAttention(16, 2, batch_first=True),
+        (seq(), seq(), seq()),
+    ),  # torch's own attention scales: its softmax is not the user's
+    ("hardcoded-device", lambda: Positions("follow"), (x4(),)),
 ]
 
 
@@ -242,6 +415,9 @@ def test_every_rule_has_a_trigger_test() -> None:
         "gradients-failed",
         "train-mode-failure",
         "export-failed",  # tests/test_export.py
+        "export-mismatch",  # tests/test_export.py
+        "compile-graph-break",  # tests/test_compile.py
+        "softmax-before-cross-entropy",  # needs a loss_fn: its own tests below
     }
     assert set(RULES) == tested
 
@@ -261,9 +437,115 @@ def test_cut_variants_name_the_op_and_line() -> None:
     assert "no_grad" in hits(inspect(Two("nograd"), x4()), "grad-path-cut")[0].message
 
 
+def test_ddp_names_the_parameters_without_gradient() -> None:
+    [found] = hits(inspect(Unused(), x4()), "ddp-unused-parameters")
+    # Unused: used = Linear(4, 2), spare = Linear(4, 2) never called: 2 of 4 tensors
+    assert "2 of 4 trainable parameters get no gradient" in found.message
+    assert "(spare.weight, spare.bias)" in found.message
+    assert "find_unused_parameters=True" in found.fix and "static_graph=True" in found.fix
+    cut = hits(inspect(Two("detach"), x4()), "ddp-unused-parameters")  # a cut path: no grad
+    assert [f.severity for f in cut] == ["warning"] and "a.weight, a.bias" in cut[0].message
+
+
+def test_ddp_defaults_are_safe_when_every_parameter_gets_a_gradient() -> None:
+    [found] = hits(inspect(Two(), x4()), "ddp-unused-parameters")
+    assert found.severity == "info"
+    assert "All 4 trainable parameters get a gradient" in found.message
+    assert "find_unused_parameters=False is safe for this input" in found.message
+    assert "static_graph=True applies" in found.message  # one fx graph, no value branch
+    frozen = Unused()
+    frozen.spare.requires_grad_(False)  # frozen on purpose: DDP skips it
+    [found] = hits(inspect(frozen, x4()), "ddp-unused-parameters")
+    assert found.severity == "info" and "All 2 trainable parameters" in found.message
+    ctx = context_for(Two(), (x4(),))
+    findings.run(ctx)  # no backward ran: nothing to say about DDP
+    assert not hits(ctx, "ddp-unused-parameters")
+
+
+class Head(nn.Module):
+    """Linear logits, then `last` (none, softmax, log_softmax, sigmoid) in forward."""
+
+    def __init__(self, last: str = "none") -> None:
+        super().__init__()
+        self.lin, self.last = nn.Linear(4, 3), last
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        if self.last == "none":
+            return y
+        return getattr(torch, self.last)(y, dim=-1) if "softmax" in self.last else y.sigmoid()
+
+
+def _labels(output: torch.Tensor) -> torch.Tensor:
+    return torch.arange(output.shape[0]) % 3
+
+
+def _ce(output, inputs):  # noqa: ANN001, ANN202
+    return torch.nn.functional.cross_entropy(output.view(-1, 3), _labels(output))  # CE-LINE
+
+
+def _nll(output, inputs):  # noqa: ANN001, ANN202
+    return torch.nn.functional.nll_loss(output, _labels(output))
+
+
+def _bce(output, inputs):  # noqa: ANN001, ANN202
+    return nn.BCELoss()(output.clamp(0, 1), torch.ones_like(output))
+
+
+def _loss_hits(model: nn.Module, loss_fn) -> list[Finding]:  # noqa: ANN001
+    ctx = context_for(model, (x4(),), loss_fn=loss_fn, user_files=[__file__])
+    for stage in VALUE_PASSES:
+        stage.run(ctx)
+    return hits(ctx, "softmax-before-cross-entropy")
+
+
+def test_softmax_before_cross_entropy_names_the_loss_line() -> None:
+    line = _line("CE-LINE")
+    [found] = _loss_hits(Head("softmax"), _ce)  # softmax, then .view: still softmax
+    assert (found.severity, found.where) == ("warning", f"test_rules.py:{line}")
+    assert "its input comes from softmax" in found.message and "logits" in found.fix
+    assert [f.severity for f in _loss_hits(Head("log_softmax"), _ce)] == ["warning"]
+    nll = _loss_hits(Head("softmax"), _nll)
+    assert [f.message.split(":")[0] for f in nll] == ["nll_loss at test_rules.py"]
+    bce = _loss_hits(Head("none"), _bce)  # nn.BCELoss on clamped logits, no sigmoid
+    assert len(bce) == 1 and "BCEWithLogitsLoss" in bce[0].fix
+    assert "is not a sigmoid output" in bce[0].message
+
+
+def test_losses_on_the_right_inputs_are_quiet() -> None:
+    assert _loss_hits(Head("none"), _ce) == []  # logits into cross_entropy
+    assert _loss_hits(Head("log_softmax"), _nll) == []  # log-probabilities into nll_loss
+    sigmoid_bce = _loss_hits(Head("sigmoid"), lambda o, i: nn.BCELoss()(o, torch.ones_like(o)))
+    assert sigmoid_bce == []
+    assert _loss_hits(Head("softmax"), None) == []  # the default loss (means) has no loss fn
+
+
 def test_unused_says_whether_module_ran() -> None:
     message = hits(inspect(Unused(), x4()), "unused-parameter")[0].message
     assert "weight, bias" in message and "never called" in message
+
+
+def test_batchnorm_stats_at_their_defaults_are_info() -> None:
+    [found] = hits(inspect(bn1d(), x4()), "batchnorm-stats")
+    assert (found.severity, found.where) == ("info", "1")
+    assert "1 BatchNorm layer(s) still have their default running stats" in found.message
+    [stale] = hits(inspect(bn_stats(0.001), x4()), "batchnorm-stats")
+    # a Linear(4, 8) of x4 has a batch variance of order 0.1-1 per channel, against 0.001
+    ratio = float(stale.message.split("up to ")[1].split("x its")[0])
+    assert ratio > 10 and "update_bn" in stale.fix
+
+
+def test_attention_materialized_sums_the_probabilities() -> None:
+    [found] = hits(inspect(Attention(), seq(4, 8)), "attention-materialized")
+    # probabilities [4, 8, 8] float32: 4 * 8 * 8 * 4 = 1,024 bytes = 1.00 KiB
+    assert "first [4x8x8]" in found.message and "at least 1.00 KiB" in found.message
+    assert "scaled_dot_product_attention" in found.fix and "saving about 1.00 KiB" in found.fix
+
+
+def test_fp16_underflow_quotes_the_share() -> None:
+    [found] = hits(inspect(Two("tiny"), x4()), "fp16-underflow")
+    # every value of linear(h, 1e-6 * W) is below 6.1e-5 (|h| < 61 for a Linear(4, 4) of x4)
+    assert found.severity == "info" and "'linear' 100% of the nonzero values" in found.message
 
 
 def test_fp16_and_bf16_hazards_are_info_for_other_dtypes() -> None:

@@ -13,11 +13,14 @@ import pytest
 from inspector.ci.citags import ci_tags
 from inspector.ci.gates import (
     check_budgets,
+    check_drift,
     check_findings,
     check_increases,
+    gate_figures,
     gates_markdown,
     gates_table,
     parse_increase,
+    report_drift,
 )
 from inspector.ci.upload_source import resolve_input, resolve_model
 from inspector.cli import main
@@ -75,6 +78,51 @@ def test_gate_tables():
     assert lines[2].split() == ["Parameters", "110", "≤", "100", "FAIL"]
     md = gates_markdown(results)
     assert "| Parameters | 110 | ≤ 100 | ❌ **FAIL** |" in md and "2 gate(s) failed" in md
+
+
+def test_graph_breaks_gate_reads_the_report_the_row_carries():
+    body = {**FIGS, "report": {"compile": {"computed": True, "graph_break_count": 3}}}
+    figures = gate_figures(body)
+    assert figures["graph_break_count"] == 3 and figures["params"] == 110  # row kept
+    results = check_budgets(figures, {"graph_breaks": 2}) + check_budgets(
+        figures, {"graph_breaks": 3}
+    )
+    # 3 breaks > 2 fails; 3 <= 3 passes
+    assert verdicts(results) == [("max graph_breaks", "fail"), ("max graph_breaks", "pass")]
+    assert results[0].figure == "Graph breaks (torch.compile)" and results[0].value == "3"
+    # a report without the compile section cannot pass a graph-break limit
+    missing = check_budgets(gate_figures(FIGS), {"graph_breaks": 10})[0]
+    assert (missing.verdict, missing.value) == ("fail", "not computed")
+    old = gate_figures({"report": {"compile": {"graph_break_count": 1}}})
+    [inc] = check_increases(figures, old, [parse_increase("graph_breaks=0")])
+    assert (inc.verdict, inc.value) == ("fail", "3 (+2, +200.0%)")  # 1 -> 3 breaks
+
+
+def test_drift_gate_warns_or_fails_on_a_changed_set_up():
+    def body(torch: str, dtype: str) -> dict:
+        meta = {
+            "versions": {"torch": torch, "python": "3.11.9"},
+            "device": "cpu",
+            "options": {"dtype": dtype, "optimizer": "adamw"},
+            "dims": {"B": 8},
+        }
+        return {**FIGS, "report": {"meta": meta}}  # fmt: skip
+
+    base, same, upgraded = (
+        body("2.13.0", "float32"),
+        body("2.13.0", "float32"),
+        body("2.14.0", "float32"),
+    )
+    assert check_drift(report_drift(same, base)).verdict == "pass"
+    drift = report_drift(upgraded, base)
+    warned = check_drift(drift)
+    assert (warned.verdict, warned.value) == ("warn", "torch 2.13.0 → 2.14.0")
+    assert check_drift(drift, fail=True).verdict == "fail"  # --fail-on-drift
+    # a baseline row without its report: the set-up cannot be compared, said so
+    unknown = check_drift(report_drift(upgraded, FIGS))
+    assert (unknown.verdict, unknown.note) == ("skipped", "a report is missing")
+    assert "WARN" in gates_table([warned]) and "⚠️ drift" in gates_markdown([warned])
+    assert "All gates passed" in gates_markdown([warned])  # a warning fails nothing
 
 
 def test_ci_tags_github_pull_request_and_gitlab():
@@ -145,6 +193,9 @@ def test_flag_errors_exit_2(capsys, tmp_path):
     assert main(["submit", model, "--server", "http://127.0.0.1:9", "--no-wait",
                  "--max-params", "1e6"]) == 2  # fmt: skip
     assert "--no-wait cannot check gates" in capsys.readouterr().err
+    assert main(["submit", model, "--server", "http://127.0.0.1:9",
+                 "--max-graph-breaks", "x"]) == 2  # fmt: skip
+    assert "give a whole number" in capsys.readouterr().err
     assert main(["submit", model, "--server", "http://127.0.0.1:9", "--no-ci-tags"]) == 2
     assert "cannot reach http://127.0.0.1:9" in capsys.readouterr().err
 
@@ -170,4 +221,4 @@ def test_the_client_needs_only_httpx_and_pydantic():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "--max-train-peak" in done.stdout
+    assert "--max-train-peak" in done.stdout and "--max-graph-breaks" in done.stdout

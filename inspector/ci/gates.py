@@ -2,7 +2,8 @@
 
 Pure data in, verdicts out (no torch, no HTTP). The figures are the summary columns the
 service keeps for every report (`params`, `flops_forward`, `train_peak_bytes`,
-`forward_peak_bytes`, `findings_errors`, `findings_warnings`).
+`forward_peak_bytes`, `findings_errors`, `findings_warnings`), and what `gate_figures`
+reads from the report itself (`graph_break_count`).
 A gate whose figure is missing fails: a limit that cannot be checked must not pass quietly.
 """
 
@@ -21,14 +22,17 @@ __all__ = [
     "GateResult",
     "Increase",
     "parse_increase",
+    "gate_figures",
     "check_budgets",
     "check_increases",
     "check_findings",
+    "check_drift",
+    "report_drift",
     "gates_table",
     "gates_markdown",
 ]
 
-Verdict = Literal["pass", "fail", "skipped"]
+Verdict = Literal["pass", "fail", "skipped", "warn"]  # warn: shown, does not fail
 
 # The CLI's short name of each figure a gate can check -> the figure (label, unit, key
 # of the report row the API returns).
@@ -37,6 +41,7 @@ GATE_FIGURES: dict[str, Figure] = {
     "forward_peak": REPORT_FIGURES["forward_peak_bytes"],
     "params": REPORT_FIGURES["params"],
     "flops": REPORT_FIGURES["flops_forward"],
+    "graph_breaks": REPORT_FIGURES["graph_break_count"],
 }
 
 
@@ -86,6 +91,20 @@ def parse_increase(text: str) -> Increase:
         except ValueError:
             raise ValueError(f"{text!r}: {amount!r} is not a percentage") from None
     return Increase(figure, float(parse_size(amount)), percent=False)
+
+
+def gate_figures(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The API's report row, plus each gate figure the row has no column for (graph
+    breaks) read from the report it carries; a figure without either stays missing."""
+    figures = dict(body)
+    report = body.get("report")
+    missing = [f for f in GATE_FIGURES.values() if f.key not in figures]
+    if missing and isinstance(report, dict):
+        from inspector.report import Report
+
+        parsed = Report.model_validate(report)
+        figures.update({f.key: f.read(parsed) for f in missing})
+    return figures
 
 
 def check_budgets(figures: Mapping[str, Any], budgets: Mapping[str, float]) -> list[GateResult]:
@@ -153,7 +172,32 @@ def check_findings(figures: Mapping[str, Any], fail_on: str) -> GateResult | Non
     return GateResult("findings", "Findings", value, limit, "fail" if bad else "pass")
 
 
-_SHOWN = {"pass": "pass", "fail": "FAIL", "skipped": "skipped"}
+def report_drift(body: Mapping[str, Any], baseline: Mapping[str, Any]) -> list[dict] | None:
+    """inspector.compare.setup_drift of the reports two API bodies carry; None when one
+    carries none."""
+    from inspector.compare import setup_drift
+    from inspector.report import Report
+
+    new, old = body.get("report"), baseline.get("report")
+    if not isinstance(new, dict) or not isinstance(old, dict):
+        return None
+    return setup_drift(Report.model_validate(old), Report.model_validate(new))
+
+
+def check_drift(changes: list[dict] | None, fail: bool = False) -> GateResult:
+    """The set-up against the baseline's: a version or option that differs is flagged
+    (warn), or fails the build when `fail` (`--fail-on-drift`)."""
+    label, limit = "Set-up vs baseline", "same versions and options"
+    if changes is None:
+        return GateResult("drift", label, "unknown", limit, "skipped", "a report is missing")
+    if not changes:
+        return GateResult("drift", label, "same", limit, "pass")
+    value = "; ".join(f"{d['label']} {d['a']} → {d['b']}" for d in changes)
+    note = "figure changes may come from this, not the code"
+    return GateResult("drift", label, value, limit, "fail" if fail else "warn", note)
+
+
+_SHOWN = {"pass": "pass", "fail": "FAIL", "skipped": "skipped", "warn": "WARN"}
 
 
 def gates_table(results: list[GateResult]) -> str:
@@ -177,7 +221,7 @@ def gates_markdown(results: list[GateResult]) -> str:
 
     if not results:
         return ""
-    icon = {"pass": "✅ pass", "fail": "❌ **FAIL**", "skipped": "➖ skipped"}
+    icon = {"pass": "✅ pass", "fail": "❌ **FAIL**", "skipped": "➖ skipped", "warn": "⚠️ drift"}
     rows = ["#### CI gates", "", "| Figure | Value | Limit | Verdict |", "|---|---:|---:|---|"]
     for r in results:
         cells = [r.figure, r.value, r.limit]

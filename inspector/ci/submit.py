@@ -20,16 +20,25 @@ from inspector.ci.gates import (
     GATE_FIGURES,
     GateResult,
     check_budgets,
+    check_drift,
     check_findings,
     check_increases,
+    gate_figures,
     gates_markdown,
     gates_table,
     parse_increase,
+    report_drift,
 )
 from inspector.ci.upload_source import resolve_input, resolve_model
 from inspector.errors import UserError
 from inspector.schema.figures import FIGURES
-from inspector.schema.options import AUTOCAST_DTYPES, DEVICES, OPTIMIZERS, SERVING_CHOICES
+from inspector.schema.options import (
+    AUTOCAST_DTYPES,
+    COMPILE_LEVELS,
+    DEVICES,
+    OPTIMIZERS,
+    SERVING_CHOICES,
+)
 from inspector.units import parse_size
 
 __all__ = ["add_arguments", "submit", "SubmitError", "EXIT_OK", "EXIT_GATES", "EXIT_ERROR"]
@@ -77,6 +86,8 @@ def _add_analysis(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=DEVICES)
     p.add_argument("--fake", action="store_true", help="fake tensors: no weights allocated")
     p.add_argument("--serving", choices=SERVING_CHOICES, help="serving memory (default auto)")
+    p.add_argument("--compile", choices=COMPILE_LEVELS,
+                   help="torch.compile readiness: none, fast (default), all")  # fmt: skip
 
 
 def _add_gates(p: argparse.ArgumentParser) -> None:
@@ -87,6 +98,8 @@ def _add_gates(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-forward-peak", type=_size, metavar="SIZE", help="e.g. 8GiB")
     g.add_argument("--max-params", type=_size, metavar="N", help="e.g. 7e9")
     g.add_argument("--max-flops", type=_size, metavar="N", help="forward FLOPs, e.g. 2e12")
+    g.add_argument("--max-graph-breaks", type=_count, metavar="N",
+                   help="torch.compile graph breaks on the sample, e.g. 0")  # fmt: skip
     g.add_argument(
         "--baseline",
         metavar="SLUG|tag:K=V",
@@ -96,6 +109,10 @@ def _add_gates(p: argparse.ArgumentParser) -> None:
                    metavar="FIGURE=LIMIT",
                    help=f"vs the baseline, e.g. train_peak=10%% or params=1e6; figures: "
                    f"{', '.join(GATE_FIGURES)}; repeatable")  # fmt: skip
+    g.add_argument("--fail-on-drift", action="store_true",
+                   help="fail when the versions (torch, CUDA, transformers) or options "
+                   "(dtype, optimizer, batch, device) differ from the baseline's "
+                   "(default: a warning)")  # fmt: skip
 
 
 def _size(text: str) -> int:
@@ -103,6 +120,12 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number, e.g. 0")
+    return int(text)
 
 
 def _increase(text: str) -> Any:
@@ -155,6 +178,7 @@ def _budgets(args: argparse.Namespace) -> dict[str, float]:
         "forward_peak": args.max_forward_peak,
         "params": args.max_params,
         "flops": args.max_flops,
+        "graph_breaks": args.max_graph_breaks,
     }
     return {name: limit for name, limit in given.items() if limit is not None}
 
@@ -187,6 +211,7 @@ def _form(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.device,
         "fake": "true" if args.fake else None,
         "serving": args.serving,
+        "compile": args.compile,
     }
 
 
@@ -200,7 +225,8 @@ def _find_baseline(client: InspectorClient, spec: str) -> dict | None:
         if found is None:
             print(f"note: no done report tagged {', '.join(tags)} yet: relative gates are "
                   "skipped", file=sys.stderr)  # fmt: skip
-        return found
+            return None
+        return client.report(found["slug"])  # the row has no report: its figures and set-up
     body = client.report(spec)
     if body["status"] != "done":
         raise SubmitError(f"baseline {spec!r} is {body['status']}, not done: pick another report")
@@ -210,10 +236,14 @@ def _find_baseline(client: InspectorClient, spec: str) -> dict | None:
 def _gates(
     args: argparse.Namespace, body: dict, baseline: dict | None, budgets: dict[str, float]
 ) -> list[GateResult]:
-    gates = check_budgets(body, budgets)
+    figures = gate_figures(body)
+    gates = check_budgets(figures, budgets)
     if args.max_increase:
-        gates += check_increases(body, baseline, args.max_increase)
-    findings = check_findings(body, args.fail_on)
+        old = gate_figures(baseline) if baseline is not None else None
+        gates += check_increases(figures, old, args.max_increase)
+    if baseline is not None:
+        gates.append(check_drift(report_drift(body, baseline), args.fail_on_drift))
+    findings = check_findings(figures, args.fail_on)
     return gates + ([findings] if findings else [])
 
 
@@ -221,7 +251,14 @@ def _gates(
 
 # The figures of the API's report row the summary prints.
 _SUMMARY = tuple(
-    FIGURES[key] for key in ("params", "flops_forward", "train_peak_bytes", "forward_peak_bytes")
+    FIGURES[key]
+    for key in (
+        "params",
+        "flops_forward",
+        "train_peak_bytes",
+        "forward_peak_bytes",
+        "graph_break_count",
+    )
 )
 
 
@@ -229,9 +266,10 @@ def _print_summary(
     body: dict, baseline: dict | None, gates: list[GateResult], baseline_spec: str | None
 ) -> None:
     print(f"Report {body['name']!r}: {body['url']}")
+    figures = gate_figures(body)
     for figure in _SUMMARY:
-        print(f"  {figure.label:<20} {figure.format(body.get(figure.key))}")
-    print(f"  {'Findings':<20} {body['findings_errors']} errors, "
+        print(f"  {figure.label:<28} {figure.format(figures.get(figure.key))}")
+    print(f"  {'Findings':<28} {body['findings_errors']} errors, "
           f"{body['findings_warnings']} warnings")  # fmt: skip
     if baseline is not None:
         print(f"Baseline {baseline['name']!r}: {baseline['url']}")
@@ -296,9 +334,10 @@ def _failure_markdown(body: dict) -> str:
 
 def _result(body: dict, baseline: dict | None, gates: list[GateResult], exit_code: int) -> dict:
     keep = ("slug", "name", "status", "url", "api_url", "tags", "error", "report")
+    figures = gate_figures(body)
     return {
         **{k: body.get(k) for k in keep},
-        "figures": {figure.key: body.get(figure.key) for figure in _SUMMARY},
+        "figures": {figure.key: figures.get(figure.key) for figure in _SUMMARY},
         "baseline": {k: baseline.get(k) for k in ("slug", "name", "url")} if baseline else None,
         "gates": [g.to_dict() for g in gates],
         "passed": exit_code == EXIT_OK,

@@ -6,6 +6,7 @@ import functools
 import types
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
@@ -46,6 +47,25 @@ class BatchNormInput:
     type: str
     shape: list[int]
     values_per_channel: int  # batch x spatial: what the batch statistics are computed over
+    # running stats still at their initial values (mean 0, var 1, no batch tracked)
+    stats_at_defaults: bool | None = None
+    batch_var_ratio: float | None = None  # max over channels: batch var / running var
+
+
+def _running_stats(module: nn.Module, x: torch.Tensor, found: BatchNormInput) -> None:
+    """How the running stats (what eval() normalises with) compare with this batch's."""
+    mean, var = getattr(module, "running_mean", None), getattr(module, "running_var", None)
+    if mean is None or var is None or x.is_meta or not x.is_floating_point():
+        return
+    with torch.no_grad():
+        tracked = getattr(module, "num_batches_tracked", None)
+        found.stats_at_defaults = bool(
+            (mean == 0).all() and (var == 1).all() and (tracked is None or int(tracked) == 0)
+        )
+        if found.values_per_channel > 1:
+            batch = x.detach().transpose(0, 1).reshape(x.shape[1], -1).float().var(1)
+            ratio = batch / var.float().clamp_min(1e-12)
+            found.batch_var_ratio = float(ratio.max())
 
 
 def batchnorm_probe(model: nn.Module, seen: dict[str, BatchNormInput]) -> list:
@@ -57,7 +77,9 @@ def batchnorm_probe(model: nn.Module, seen: dict[str, BatchNormInput]) -> list:
             if path in seen or x is None or x.dim() < 2:
                 return
             values = x.numel() // max(x.shape[1], 1)
-            seen[path] = BatchNormInput(path, type(module).__name__, list(x.shape), values)
+            found = BatchNormInput(path, type(module).__name__, list(x.shape), values)
+            _running_stats(module, x, found)
+            seen[path] = found
 
         return hook
 

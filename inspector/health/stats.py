@@ -7,9 +7,10 @@ import torch
 
 from inspector.report import NumericStats
 
-__all__ = ["tensor_stats", "FP16_MAX", "MASK_ABS"]
+__all__ = ["tensor_stats", "FP16_MAX", "FP16_MIN_NORMAL", "MASK_ABS"]
 
 FP16_MAX = 65504.0
+FP16_MIN_NORMAL = 6.103515625e-05  # 2**-14; below it float16 is subnormal, then zero
 # Masks built with torch.finfo(dtype).min are chosen per dtype (HF does so): not overflow.
 MASK_ABS = 1e38
 _SATURATION = 1e-3
@@ -43,6 +44,10 @@ def _moments(stats: NumericStats, values: torch.Tensor) -> None:
     stats.min, stats.max = values.min().item(), values.max().item()
     magnitude = values.abs()
     stats.fp16_overflow_count = int(((magnitude > FP16_MAX) & (magnitude < MASK_ABS)).sum())
+    nonzero = int(torch.count_nonzero(magnitude))
+    if nonzero:
+        tiny = int(((magnitude > 0) & (magnitude < FP16_MIN_NORMAL)).sum())
+        stats.fp16_underflow_fraction = tiny / nonzero
     if max(-stats.min, stats.max) >= MASK_ABS:  # mask constants would swamp mean and std
         values = values[magnitude < MASK_ABS]
     if values.numel():

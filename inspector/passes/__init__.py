@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from inspector.context import Context
 from inspector.passes import (
+    dynamo,
     export,
     findings,
     gradients,
@@ -15,6 +16,7 @@ from inspector.passes import (
     memory,
     modes,
     numerics,
+    probe,
     serving,
 )
 
@@ -28,5 +30,7 @@ PASSES: list[tuple[str, Pass]] = [
     ("modes", modes.run),  # train() vs eval(): mode-dependent modules, divergence, BatchNorm
     ("export", export.run),  # torch.export / TorchScript / ONNX readiness
     ("serving", serving.run),  # KV cache per token, prefill/decode peaks, sequences that fit
+    ("probe", probe.run),  # loss inputs (softmax before CE...), parameters made in forward
+    ("compile", dynamo.run),  # torch.compile readiness: Dynamo graphs, breaks, recompiles
     ("findings", findings.run),  # lint rules over every section: keep LAST
 ]

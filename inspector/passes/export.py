@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from inspector.context import Context
+from inspector.health.exportmatch import changed_inputs, check_target
 from inspector.report import ExportTarget
 from inspector.tracebacks import user_location
 
@@ -96,10 +97,17 @@ def run(ctx: Context) -> None:
         for name, attempt in TARGETS
         if level == "all" or (level == "fast" and name not in SLOW_TARGETS)
     ]
-    ctx.report.export.targets = [_try(ctx, name, attempt) for name, attempt in chosen]
+    artifacts: dict[str, Any] = {}
+    ctx.report.export.targets = [_try(ctx, name, attempt, artifacts) for name, attempt in chosen]
+    others = changed_inputs(ctx) if artifacts else []
+    for target in ctx.report.export.targets:
+        if target.target in artifacts:
+            check_target(ctx, target, artifacts[target.target], others)
 
 
-def _try(ctx: Context, name: str, attempt: Callable[[Context], Any]) -> ExportTarget:
+def _try(
+    ctx: Context, name: str, attempt: Callable[[Context], Any], artifacts: dict[str, Any]
+) -> ExportTarget:
     skip = _skip_reason(ctx, name)
     if skip:
         return ExportTarget(target=name, ok=None, error=skip)
@@ -110,7 +118,7 @@ def _try(ctx: Context, name: str, attempt: Callable[[Context], Any]) -> ExportTa
     modes = {m: m.training for m in ctx.model.modules()}
     ctx.model.eval()  # exports are for inference: BatchNorm and Dropout in eval mode
     try:
-        attempt(ctx)
+        artifacts[name] = attempt(ctx)
     except Exception as exc:  # any failure is the answer we report
         return ExportTarget(
             target=name,

@@ -45,6 +45,7 @@ def run(ctx: Context) -> None:
     with preserved(ctx.model):
         # eval first: the train run updates BatchNorm running stats that eval would read
         evaluated = _forward(ctx, training=False)
+        reseeded = _forward(ctx, training=False, seed=ctx.options.seed + 1)
         handles = batchnorm_probe(ctx.model, batchnorm)
         try:
             train = _forward(ctx, training=True)
@@ -55,12 +56,14 @@ def run(ctx: Context) -> None:
     section.computed = section.error is None
     if section.computed:
         _compare(ctx, train, evaluated)
+        if reseeded.error is None:
+            _compare_eval(ctx, evaluated, reseeded)
 
 
-def _forward(ctx: Context, training: bool) -> _Run:
+def _forward(ctx: Context, training: bool, seed: int | None = None) -> _Run:
     result = _Run()
     ctx.model.train(training)
-    seeded(ctx.options.seed)
+    seeded(ctx.options.seed if seed is None else seed)
     try:
         with torch.no_grad():
             output, _ = run_nodes(ctx, lambda ref, v: _keep(result, ref, v), graph=False)
@@ -108,6 +111,28 @@ def _compare(ctx: Context, train: _Run, evaluated: _Run) -> None:
         )
         if not close and section.first_divergent_node is None:
             section.first_divergent_node = node.name if node is not None else name
+
+
+def _compare_eval(ctx: Context, first: _Run, second: _Run) -> None:
+    """Two eval() runs with different seeds must agree: the first node that does not is
+    where randomness stays on in eval."""
+    th = resolve(ctx.options)
+    section = ctx.report.modes
+    diffs = [_max_diff(a, b) for a, b in zip(first.outputs, second.outputs, strict=False)]
+    section.eval_max_abs_diff = max(diffs, default=0.0)
+    by_name = {node.name: node for node in ctx.report.nodes}
+    last = _last_node_of_module(ctx)
+    for name, value in first.values.items():
+        other = second.values.get(name)
+        if other is None:
+            continue
+        if other.shape == value.shape and torch.allclose(
+            other, value, rtol=th["mode_rtol"], atol=th["mode_atol"], equal_nan=True
+        ):
+            continue
+        node = by_name.get(name) or last.get(first.paths.get(name))
+        section.eval_first_differing_node = node.name if node is not None else name
+        return
 
 
 def _last_node_of_module(ctx: Context) -> dict[str | None, Node]:

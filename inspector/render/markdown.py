@@ -11,6 +11,7 @@ import html
 import re
 from urllib.parse import quote
 
+from inspector.compare import setup_drift
 from inspector.render.format import Figure, failed_attempts, key_figures, percent_change
 from inspector.report import Finding, Report
 from inspector.schema.findings import SEVERITIES
@@ -37,7 +38,9 @@ def render_markdown(
     if report.status == "failed":
         parts.append(_failure(report))
     else:
-        parts += [_figures_table(report, baseline), _findings(report.findings), _capture(report)]
+        drift = _drift(report, baseline) if baseline is not None else ""
+        parts += [drift, _figures_table(report, baseline), _findings(report.findings)]
+        parts.append(_capture(report))
     if link:
         parts.append(_link(link))
     return "\n\n".join(p for p in parts if p) + "\n"
@@ -60,6 +63,21 @@ def _failure(report: Report) -> str:
         return "**Failed** (no error recorded)."
     stage = f" during {escape_markdown(error.stage)}" if error.stage else ""
     return f"**Failed** ({escape_markdown(error.kind)}{stage}): {escape_markdown(error.message)}"
+
+
+def _drift(report: Report, baseline: Report) -> str:
+    """The versions and options that differ from the baseline, before the figures."""
+    changes = setup_drift(baseline, report)
+    if not changes:
+        return ""
+    items = ", ".join(
+        f"{escape_markdown(d['label'])} {escape_markdown(d['a'])} → {escape_markdown(d['b'])}"
+        for d in changes
+    )
+    return (
+        f"⚠️ **Set-up differs from the baseline:** {items}. "
+        "Changes in the figures may come from this, not from the code."
+    )
 
 
 # -- key figures ------------------------------------------------------------------------

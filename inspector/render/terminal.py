@@ -48,7 +48,8 @@ def render_terminal(
         _print_failure(report, console)
         return
     _print_module_table(report, depth, console)
-    for section in (_summary, _memory, _advice, _setups, _serving, _gradients, _export):
+    sections = (_summary, _memory, _advice, _setups, _serving, _gradients, _compile, _export)
+    for section in sections:
         grid = section(report)
         if grid is not None:
             console.print(grid)
@@ -414,6 +415,37 @@ def _gradients(report: Report) -> Group | None:
     if g.first_nan_node:
         lines.append(("First NaN at", g.first_nan_node))
     return _grid("Gradients", lines)
+
+
+BREAKS_SHOWN = 10
+
+
+def _compile(report: Report) -> Group | None:
+    c = report.compile
+    if c.skipped:
+        return _grid("torch.compile", [("Not checked", Text(c.skipped, style="dim"))])
+    if not c.computed and not c.error:
+        return None
+    lines: list[tuple[str, str | Text]] = []
+    if c.computed:
+        graphs = "?" if c.graph_count is None else f"{c.graph_count:,}"
+        style = "yellow" if c.graph_break_count else "green"
+        count = f"{graphs} graph(s), {c.graph_break_count or 0:,} graph break(s)"
+        lines.append(("Dynamo", Text(f"{count} ({c.backend} backend, {c.mode} mode)", style)))
+    for item in c.breaks[:BREAKS_SHOWN]:
+        times = f" ×{item.count}" if item.count > 1 else ""
+        code = f"  {item.code}" if item.code else ""
+        lines.append((f"  {item.where or 'break'}{times}", f"{item.reason}{code}"))
+    if len(c.breaks) > BREAKS_SHOWN:
+        lines.append(("", f"and {len(c.breaks) - BREAKS_SHOWN:,} more (see --json)"))
+    for r in c.recompiles:
+        what = r.error or (r.guards[0] if r.guards else "no guard failed")
+        change = f"{r.dim} {r.value} → {r.changed_to}"
+        n = str(r.recompiles) if r.counted or not r.recompiles else "≥1"  # --compile fast
+        lines.append((change, f"{n} recompile(s): {what}"))
+    if c.error:
+        lines.append(("Error", Text(c.error, style="red")))
+    return _grid("torch.compile", lines)
 
 
 def _export(report: Report) -> Group | None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from inspector.rules import (  # noqa: F401 - each module registers its rules
     capture,
+    compile,
+    distributed,
     export,
     gradients,
+    loss,
     memory,
     modes,
     numerics,

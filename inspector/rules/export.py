@@ -35,3 +35,31 @@ def export_failed(ctx: Context, report: Report) -> Iterator[Finding]:
             f"{target.target} fails{at}: {target.error}",
             _FIX.get(target.target, ""),
         )
+
+
+@rule("export-mismatch", "warning")
+def export_mismatch(ctx: Context, report: Report) -> Iterator[Finding]:
+    """A target that exported computes something else than eager: on the sample, or once
+    a named dim changes (a trace that baked in a branch or a batch size)."""
+    for target in report.export.targets:
+        if not target.ok or not target.mismatch:
+            continue
+        checked = ", ".join(target.checked)
+        yield finding(
+            "export-mismatch",
+            target.target,
+            f"{target.target} exported, but does not match eager at {target.mismatch} "
+            f"(checked: {checked}).",
+            _MISMATCH_FIX.get(target.target.split("-")[0], _MISMATCH_FIX["export"]),
+        )
+
+
+_MISMATCH_FIX = {
+    "export": "A dim torch.export specialised: mark it dynamic "
+    "(dynamic_shapes={'x': {0: Dim('B')}}) and remove what pins it (a Python int from "
+    "x.shape used as a constant, a branch on a size); torch._check hints for sizes.",
+    "torchscript": "Tracing records one path: sizes read as Python ints and branches on "
+    "values are baked in. Use torch.jit.script or torch.export instead of trace.",
+    "onnx": "The ONNX program starts from torch.export: fix dynamic dims there "
+    "(dynamic_shapes), then export again.",
+}

@@ -58,3 +58,30 @@ def _bytes(advice: MemoryAdvice) -> str:
 
 def _how(advice: MemoryAdvice) -> str:
     return ", measured on fake tensors" if advice.verified else ", predicted"
+
+
+@rule("attention-materialized", "info")
+def attention_materialized(ctx: Context, report: Report) -> Iterator[Finding]:
+    """The model's own attention builds the S x S probability matrix, which backward
+    keeps: F.scaled_dot_product_attention (flash / memory-efficient kernels) keeps none."""
+    sites = ctx.results.attention_softmaxes
+    total = sum(s.bytes for s in sites)
+    if not total:
+        return
+    first = sites[0]
+    calls = sum(s.calls for s in sites)
+    shape = "x".join(str(d) for d in first.shape or [])
+    share = ""
+    saved = report.memory.saved_activation_bytes
+    if saved:
+        share = f" ({total / saved:.0%} of the {format_bytes(saved)} saved for backward)"
+    yield finding(
+        "attention-materialized",
+        first.location or "",
+        f"{calls} attention softmax call(s) build their probability matrices (first "
+        f"[{shape}] at {first.location or 'an unknown line'}): backward keeps at least "
+        f"{format_bytes(total)} of them per step{share}.",
+        "Use F.scaled_dot_product_attention(q, k, v, attn_mask=..., is_causal=...): its "
+        f"fused kernels keep no S x S matrix, saving about {format_bytes(total)} here, and "
+        "it applies the 1/sqrt(d) scale.",
+    )

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from inspector.context import Context
 from inspector.health.modecheck import BatchNormInput
 from inspector.health.thresholds import resolve
-from inspector.report import Finding, Report
+from inspector.report import Finding, Node, Report
 from inspector.rules.registry import finding, rule
 
 _BN_FIX = (
@@ -80,3 +80,81 @@ def mode_divergence(ctx: Context, report: Report) -> Iterator[Finding]:
         "Expected with Dropout/BatchNorm; call model.eval() for inference and "
         "model.train() for training.",
     )
+
+
+# Graph ops that draw random numbers (call_function / call_method targets).
+_RANDOM_OPS = frozenset({
+    "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
+    "rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli",
+    "normal", "multinomial", "randperm", "uniform_", "normal_", "bernoulli_",
+})  # fmt: skip
+
+
+def _random_node(report: Report) -> Node | None:
+    """The first graph op that draws random numbers (modules such as nn.Dropout are
+    call_module nodes, off in eval, and not counted)."""
+    for node in report.nodes:
+        random = node.target.rpartition(".")[2] in _RANDOM_OPS
+        if random and node.op in ("call_function", "call_method"):
+            return node
+    return None
+
+
+@rule("eval-nondeterministic", "warning")
+def eval_nondeterministic(ctx: Context, report: Report) -> Iterator[Finding]:
+    """Two eval() forwards with different seeds differ: randomness stays on in eval, so
+    validation scores and inference are noisy."""
+    modes = report.modes
+    shows = modes.eval_first_differing_node
+    if not modes.computed or shows is None:
+        return
+    cause = _random_node(report)
+    node = cause.name if cause is not None else shows
+    at = f" ({cause.location})" if cause is not None and cause.location else ""
+    seen = f" (the difference shows first at '{shows}')" if cause is not None else ""
+    yield finding(
+        "eval-nondeterministic",
+        node,
+        f"two eval() forwards with different seeds differ by up to "
+        f"{modes.eval_max_abs_diff or 0:.3g}: '{node}'{at} draws random numbers in eval "
+        f"mode{seen}.",
+        "Pass training=self.training to F.dropout (or use nn.Dropout), and draw no random "
+        "numbers in forward when not self.training.",
+    )
+
+
+# Batch variance this many times the running variance: eval() normalises with stale stats.
+_VAR_RATIO = 10.0
+
+
+@rule("batchnorm-stats", "warning")
+def batchnorm_stats(ctx: Context, report: Report) -> Iterator[Finding]:
+    """eval() normalises with BatchNorm's running statistics: a warning when they are far
+    from the sample's (batch variance > 10x the running one), info when they are still
+    the defaults (mean 0, var 1: an untrained or freshly built model)."""
+    stale = [b for b in _batchnorm(ctx) if b.stats_at_defaults is False]
+    for bn in stale:
+        if bn.batch_var_ratio is not None and bn.batch_var_ratio > _VAR_RATIO:
+            yield finding(
+                "batchnorm-stats",
+                bn.path,
+                f"{bn.type} '{bn.path}': the sample's batch variance is up to "
+                f"{bn.batch_var_ratio:.3g}x its running variance, so eval() normalises "
+                "with statistics that do not match these inputs.",
+                "Recompute the running stats on data like this (a few train-mode forwards "
+                "under torch.no_grad(), or torch.optim.swa_utils.update_bn), and check the "
+                "input preprocessing matches training.",
+            )
+    fresh = [b.path for b in _batchnorm(ctx) if b.stats_at_defaults]
+    if fresh:
+        listed = ", ".join(fresh[:5]) + (f" and {len(fresh) - 5} more" if len(fresh) > 5 else "")
+        yield finding(
+            "batchnorm-stats",
+            fresh[0],
+            f"{len(fresh)} BatchNorm layer(s) still have their default running stats "
+            f"(mean 0, var 1): {listed}; eval() normalises with those, not with data "
+            "statistics.",
+            "Expected for a freshly built model; train it, or load its weights, before "
+            "judging eval() outputs.",
+            severity="info",
+        )

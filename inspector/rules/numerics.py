@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from inspector.context import Context
+from inspector.health.attention import SATURATED_PROB
+from inspector.health.stats import FP16_MIN_NORMAL
 from inspector.health.thresholds import resolve
-from inspector.report import Finding, NumericStats, Report
+from inspector.report import Finding, Node, NumericStats, Report
 from inspector.rules.registry import finding, rule
 
 _LIST = 5
@@ -115,5 +117,80 @@ def bf16_precision(ctx: Context, report: Report) -> Iterator[Finding]:
         f"{limit:.0%} of their spread): {_listed(nodes)}.",
         "Keep these values in float32 (subtract the offset first, or disable autocast "
         "around them).",
+        severity=severity,
+    )
+
+
+@rule("softmax-saturated", "warning")
+def softmax_saturated(ctx: Context, report: Report) -> Iterator[Finding]:
+    """An attention softmax that is (nearly) one-hot at initialisation, or whose scores
+    come from a matmul with no 1/sqrt(d) scale: its gradients vanish and training stalls."""
+    for seen in ctx.results.attention_softmaxes:
+        at = f" at {seen.location}" if seen.location else ""
+        code = f" (`{seen.source_line}`)" if seen.source_line else ""
+        share = seen.saturated_rows / seen.rows if seen.rows else 0.0
+        problems = []
+        if not seen.scaled:
+            problems.append("its scores come straight from a matmul, with no 1/sqrt(d) scale")
+        if not seen.fake and share > 0.5:
+            problems.append(
+                f"{share:.0%} of its {seen.rows:,} rows put more than "
+                f"{SATURATED_PROB} of their weight on one position at initialisation"
+            )
+        if problems:
+            yield finding(
+                "softmax-saturated",
+                seen.location or "",
+                f"attention softmax{at}{code}: " + "; ".join(problems) + ".",
+                "Scale the scores by 1/sqrt(head_dim) before the softmax, or use "
+                "F.scaled_dot_product_attention (scaled, fused, and no S x S matrix kept).",
+            )
+
+
+# Share of a node's nonzero values below float16's normal range that makes it matter.
+_UNDERFLOW_SHARE = 0.1
+# What fp16 autocast runs in float16 (matmuls, convolutions); the rest keeps its input's
+# dtype or runs in float32 (pow, exp, norms, softmax...), so only these outputs underflow.
+_FP16_OPS = frozenset({
+    "linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "__matmul__",
+    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+})  # fmt: skip
+_FP16_MODULES = frozenset({"Linear", "Conv1d", "Conv2d", "Conv3d", "Conv1D", "ConvTranspose1d",
+                           "ConvTranspose2d", "ConvTranspose3d", "Bilinear"})  # fmt: skip
+
+
+def _runs_in_fp16(node: Node | None) -> bool:
+    if node is None:
+        return False
+    if node.op in ("call_module", "module"):
+        return node.module_type in _FP16_MODULES
+    return node.target.rpartition(".")[2] in _FP16_OPS
+
+
+@rule("fp16-underflow", "warning")
+def fp16_underflow(ctx: Context, report: Report) -> Iterator[Finding]:
+    """Outputs of ops fp16 autocast runs in float16 (matmuls, convolutions) mostly below
+    its normal range (0 < |x| < 6.1e-5): they lose their precision or flush to zero.
+    Warning under --dtype fp16."""
+    by_name = {n.name: n for n in report.nodes}
+    nodes = [
+        (name, s.fp16_underflow_fraction)
+        for name, _, s in _stats(ctx)
+        if s.fp16_underflow_fraction is not None
+        and s.fp16_underflow_fraction > _UNDERFLOW_SHARE
+        and _runs_in_fp16(by_name.get(name))
+    ]
+    if not nodes:
+        return
+    severity = "warning" if ctx.options.dtype == "fp16" else "info"
+    name, share = nodes[0]
+    yield finding(
+        "fp16-underflow",
+        name,
+        f"{len(nodes)} node(s) hold values below float16's normal range "
+        f"(0 < |x| < {FP16_MIN_NORMAL:.2g}): {_listed([n for n, _ in nodes])}; at '{name}' "
+        f"{share:.0%} of the nonzero values, which fp16 autocast rounds off or flushes to zero.",
+        "Use bf16 autocast (float32's range), rescale (a larger init or a normalisation "
+        "before these ops), or keep them in float32; for gradients, torch.amp.GradScaler.",
         severity=severity,
     )

@@ -170,3 +170,57 @@ def inplace_read_later(ctx: Context, report: Report) -> Iterator[Finding]:
                 "see the modified value.",
                 "Use the out-of-place op (or inplace=False), or clone the tensor first.",
             )
+
+
+@rule("param-created-in-forward", "error")
+def param_created_in_forward(ctx: Context, report: Report) -> Iterator[Finding]:
+    """A parameter or module built inside forward is new on every call: its weights are
+    random each step, never reach the optimizer and are not saved."""
+    for made in ctx.results.created_in_forward:
+        what = "nn.Parameter" if made.what == "Parameter" else f"a {made.what} module"
+        at = f" at {made.location}" if made.location else ""
+        code = f" (`{made.source_line}`)" if made.source_line else ""
+        yield finding(
+            "param-created-in-forward",
+            made.location or "",
+            f"{what} is created inside forward{at}{code}: it is new on every call, so it "
+            "is never trained, never in model.parameters() for the optimizer, and not saved.",
+            "Create it once in __init__ (self.layer = ...) and only call it in forward; for a "
+            "constant tensor, register_buffer.",
+        )
+
+
+@rule("hardcoded-device", "warning")
+def hardcoded_device(ctx: Context, report: Report) -> Iterator[Finding]:
+    """Forward puts a tensor on a fixed device (or on the default one by omission): it
+    breaks, or copies every step, once the model moves to another device."""
+    for fixed in ctx.results.fixed_devices:
+        code = f" (`{fixed.source_line}`)" if fixed.source_line else ""
+        what = (
+            f"`{fixed.op}` makes a tensor without a device"
+            if fixed.how == "no device"
+            else f"a tensor is put on a fixed device with {fixed.how}"
+        )
+        yield finding(
+            "hardcoded-device",
+            fixed.location,
+            f"{what} in forward at {fixed.location}{code}: on another device than this "
+            "run's it mixes devices ('Expected all tensors to be on the same device').",
+            "Follow the inputs: device=x.device (or torch.zeros_like / new_zeros), "
+            "register constant tensors as buffers, and move the model, not tensors, with .to().",
+        )
+
+
+@rule("data-parallel", "info")
+def data_parallel(ctx: Context, report: Report) -> Iterator[Finding]:
+    """nn.DataParallel: one process, a replica per GPU every step, the GIL between them."""
+    for path, module in ctx.model.named_modules():
+        if isinstance(module, nn.DataParallel):
+            yield finding(
+                "data-parallel",
+                path,
+                f"'{path or '(root)'}' is an nn.DataParallel: it copies the model to every GPU "
+                "on each step from one Python process, and PyTorch recommends against it.",
+                "Use DistributedDataParallel (torchrun, one process per GPU) or FSDP; "
+                "inspect the bare module (model.module).",
+            )

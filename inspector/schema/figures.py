@@ -66,6 +66,8 @@ _ALL = (
     Figure("train_peak_bytes", "Training-step peak", "bytes",
            lambda r: r.memory.train_peak_bytes),
     Figure("node_count", "Graph nodes", "count", lambda r: r.capture.node_count),
+    Figure("graph_break_count", "Graph breaks (torch.compile)", "count",
+           lambda r: r.compile.graph_break_count),
     Figure("kv_bytes_per_token", "KV cache per token", "bytes",
            lambda r: r.serving.kv_bytes_per_token),
     Figure("prefill_peak_bytes", "Prefill peak", "bytes",
@@ -85,6 +87,7 @@ SUMMARY_FIGURES = (
     "forward_peak_bytes",
     "train_peak_bytes",
     "kv_bytes_per_token",
+    "graph_break_count",
 )
 
 

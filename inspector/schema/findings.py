@@ -24,7 +24,9 @@ SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
 # theme (the module of inspector/rules/ that holds them) -> rule ids
 RULE_THEMES: dict[str, tuple[str, ...]] = {
     "capture": ("capture-failed", "values-not-computed"),
-    "export": ("export-failed",),
+    "compile": ("compile-graph-break",),
+    "distributed": ("ddp-unused-parameters",),
+    "export": ("export-failed", "export-mismatch"),
     "gradients": (
         "grad-path-cut",
         "unused-parameter",
@@ -35,12 +37,15 @@ RULE_THEMES: dict[str, tuple[str, ...]] = {
         "inplace-autograd",
         "gradients-failed",
     ),
-    "memory": ("checkpoint-candidate",),
+    "loss": ("softmax-before-cross-entropy",),
+    "memory": ("checkpoint-candidate", "attention-materialized"),
     "modes": (
         "batchnorm-single-value",
         "batchnorm-few-values",
         "train-mode-failure",
         "mode-divergence",
+        "eval-nondeterministic",
+        "batchnorm-stats",
     ),
     "numerics": (
         "nan-activation",
@@ -48,6 +53,8 @@ RULE_THEMES: dict[str, tuple[str, ...]] = {
         "saturated-activation",
         "fp16-overflow",
         "bf16-precision",
+        "softmax-saturated",
+        "fp16-underflow",
     ),
     "structure": (
         "bias-before-batchnorm",
@@ -55,6 +62,9 @@ RULE_THEMES: dict[str, tuple[str, ...]] = {
         "mixed-devices",
         "mixed-dtypes",
         "inplace-read-later",
+        "param-created-in-forward",
+        "hardcoded-device",
+        "data-parallel",
     ),
 }
 RULE_IDS = frozenset(rule for rules in RULE_THEMES.values() for rule in rules)

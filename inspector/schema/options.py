@@ -17,10 +17,13 @@ __all__ = [
     "DEFAULT_DEVICE",
     "EXPORT_LEVELS",
     "DEFAULT_EXPORT",
+    "COMPILE_LEVELS",
+    "DEFAULT_COMPILE",
     "optimizer_choice",
     "autocast_dtype",
     "device_choice",
     "export_level",
+    "compile_level",
     "SERVING_CHOICES",
     "DEFAULT_SERVING",
     "serving_choice",
@@ -45,6 +48,12 @@ DEFAULT_DEVICE = "auto"
 # Export readiness: none; fast (non-strict torch.export, TorchScript); all (+ strict, ONNX).
 EXPORT_LEVELS = ("none", "fast", "all")
 DEFAULT_EXPORT = "fast"
+
+# torch.compile readiness: none; fast (graph breaks on the sample, and per named dim the
+# first guard that fails when it changes); all (+ every recompile counted, as many extra
+# compiles as named dims).
+COMPILE_LEVELS = ("none", "fast", "all")
+DEFAULT_COMPILE = "fast"
 
 
 # Serving memory: auto (on for presets and configs of decoder LMs), on, off.
@@ -74,6 +83,10 @@ def device_choice(value: str) -> str:
 
 def export_level(value: str) -> str:
     return _choice("export", value, EXPORT_LEVELS)
+
+
+def compile_level(value: str) -> str:
+    return _choice("compile", value, COMPILE_LEVELS)
 
 
 def serving_choice(value: str) -> bool | None:

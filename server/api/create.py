@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 
 from inspector.schema.options import (
     AUTOCAST_DTYPES,
+    DEFAULT_COMPILE,
     DEFAULT_DTYPE,
     DEFAULT_EXPORT,
     DEFAULT_OPTIMIZER,
@@ -172,6 +173,11 @@ def create_report(
     serving: str = Form(
         DEFAULT_SERVING, description="serving memory: auto (decoder LM presets/configs), on, off"
     ),
+    compile: str = Form(
+        DEFAULT_COMPILE,
+        description="torch.compile readiness: none, fast (graph breaks, first failed guard "
+        "per named dim), all (+ every recompile counted)",
+    ),
 ) -> CreatedReport:
     """Upload a model (and its input) to be inspected; returns the report's links."""
     settings: Settings = request.app.state.settings
@@ -180,7 +186,7 @@ def create_report(
     tag_dict = parse_tags(tags)
     options = parse_options(
         optimizer=optimizer, dtype=dtype, device=device, fake=fake, budget=budget,
-        default_device=settings.device, export=export, serving=serving,
+        default_device=settings.device, export=export, serving=serving, compile=compile,
     )  # fmt: skip
     with ExitStack() as stack:
         if preset:

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from inspector.schema.options import (
+    DEFAULT_COMPILE,
     DEFAULT_EXPORT,
     DEFAULT_SERVING,
     OptionError,
     autocast_dtype,
+    compile_level,
     device_choice,
     export_level,
     optimizer_choice,
@@ -61,6 +63,7 @@ def parse_options(
     default_device: str,
     export: str = DEFAULT_EXPORT,
     serving: str = DEFAULT_SERVING,
+    compile: str = DEFAULT_COMPILE,
 ) -> dict[str, Any]:
     """The options the job child hands to `inspector.analyze` (names of `Options` fields)."""
     try:
@@ -69,6 +72,7 @@ def parse_options(
             "dtype": autocast_dtype(dtype),
             "device": device_choice(device or default_device),
             "export": export_level(export),
+            "compile": compile_level(compile),
             "serving": serving_choice(serving),
         }
     except OptionError as exc:

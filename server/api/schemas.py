@@ -78,6 +78,10 @@ class Comparison(BaseModel):
     max_batch: dict[str, dict[str, Any]]
     modules: dict[str, Any] = Field(description="added, removed, changed, unchanged")
     findings: dict[str, list[dict[str, Any]]] = Field(description="added, resolved")
+    drift: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="versions and options that differ: key, label, a, b (torch, dtype, ...)",
+    )
 
 
 class Health(BaseModel):

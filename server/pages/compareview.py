@@ -26,6 +26,7 @@ COMPARE_FIGURES = (
     "grad_bytes",
     "optimizer_bytes",
     "node_count",
+    "graph_break_count",
     "findings_errors",
     "findings_warnings",
 )
@@ -55,6 +56,7 @@ def compare_view(a: Report, b: Report) -> dict[str, Any]:
         "modules": _module_rows(diff["modules"]),
         "unchanged": diff["modules"].get("unchanged", 0),
         "findings": diff.get("findings", {"added": [], "resolved": []}),
+        "drift": diff.get("drift", []),
         "grads": {"a": _grad_series(a), "b": _grad_series(b)},
     }
 

@@ -7,6 +7,8 @@ from typing import Any
 
 from inspector.schema.options import (
     AUTOCAST_DTYPES,
+    COMPILE_LEVELS,
+    DEFAULT_COMPILE,
     DEFAULT_DTYPE,
     DEFAULT_EXPORT,
     DEFAULT_OPTIMIZER,
@@ -35,6 +37,7 @@ def option_selects(default_device: str) -> list[dict[str, Any]]:
         _select("dtype", "Autocast dtype", AUTOCAST_DTYPES, DEFAULT_DTYPE),
         _select("device", "Device", DEVICES, default_device),
         _select("export", "Export check", EXPORT_LEVELS, DEFAULT_EXPORT),
+        _select("compile", "torch.compile check", COMPILE_LEVELS, DEFAULT_COMPILE),
         _select("serving", "Serving memory", SERVING_CHOICES, DEFAULT_SERVING),
     ]
 

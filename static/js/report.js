@@ -56,6 +56,8 @@
       if (s.dead_fraction) extra.push({ sev: "warning", text: `${Math.round(s.dead_fraction * 100)}% dead` });
       if (s.saturated_fraction) extra.push({ sev: "warning", text: "saturated" });
       if (s.fp16_overflow_count) extra.push({ sev: "warning", text: "fp16 overflow" });
+      // the share inspector/rules/numerics.py (fp16-underflow) reports
+      if (s.fp16_underflow_fraction > 0.1) extra.push({ sev: "info", text: "fp16 underflow" });
       if (n.mode_divergence) extra.push({ sev: "info", text: "train≠eval" });
       const outs = n.output_tensors || [];
       return {

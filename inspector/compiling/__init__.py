@@ -1,0 +1,1 @@
+"""torch.compile readiness: Dynamo runs on the sample (inspector/passes/dynamo.py)."""

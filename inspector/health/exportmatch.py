@@ -1,0 +1,113 @@
+"""Does an exported model compute what the eager one does? Each target that exported is
+run on the sample and, with each named dim changed alone, on other inputs, beside eager
+(eval mode, no grad). torch.export's own program is static, so the changed dims run on an
+export with the named dims left dynamic (Dim.AUTO): a dim it had to specialise shows up
+as a failure there. A trace that baked in a branch or a size shows up as a difference."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from inspector.context import Context, Inputs
+from inspector.graph.exportcapture import export_graph, flat_tensors, moving_axes
+from inspector.graph.symdims import perturbed_value
+from inspector.graph.tensors import tensor_leaves
+from inspector.health.state import preserved, seeded
+from inspector.report import ExportTarget
+
+__all__ = ["check_target", "changed_inputs", "RTOL"]
+
+RTOL = 1e-3  # of the largest eager value: float32 reordering stays far below it
+
+
+def changed_inputs(ctx: Context) -> list[tuple[str, Inputs]]:
+    """("B=4", inputs) for each named dim changed alone; none when the inputs are fixed."""
+    out = []
+    for name, value in ctx.inputs.dims.items():
+        moved = perturbed_value(value)
+        try:
+            inputs = ctx.factory.build({**ctx.inputs.dims, name: moved}, device=ctx.options.device)
+        except Exception:  # noqa: BLE001 - a factory without named dims: the sample only
+            return []
+        out.append((f"{name}={moved}", inputs))
+    return out
+
+
+def check_target(
+    ctx: Context, target: ExportTarget, artifact: Any, others: list[tuple[str, Inputs]]
+) -> None:
+    """Fill `target.max_abs_diff`, `.checked` and `.mismatch`."""
+    run = _runner(target.target, artifact)
+    if run is None:
+        return
+    cases = [("sample", ctx.inputs, run)]
+    if target.target.startswith("export") and others:
+        dynamic = _dynamic_export(ctx, others)
+        cases += [(label, inputs, dynamic) for label, inputs in others]
+    elif not target.target.startswith("export"):
+        cases += [(label, inputs, run) for label, inputs in others]
+    worst = 0.0
+    for label, inputs, call in cases:
+        target.checked.append(label)
+        problem, diff = _compare(ctx, inputs, call)
+        worst = max(worst, diff or 0.0)
+        if problem and target.mismatch is None:
+            target.mismatch = f"{label}: {problem}"
+    target.max_abs_diff = worst
+
+
+def _runner(name: str, artifact: Any) -> Callable[[Inputs], Any] | None:
+    if name.startswith("export"):
+        module = artifact.module()
+        return lambda inputs: module(*inputs.args, **inputs.kwargs)
+    if name.startswith("torchscript"):
+        return lambda inputs: artifact(*inputs.args, **inputs.kwargs)
+    if name == "onnx" and importlib.util.find_spec("onnxruntime") is not None:
+        return lambda inputs: artifact(*flat_tensors(tuple(inputs.args), dict(inputs.kwargs)))
+    return None  # ONNX without onnxruntime: nothing to run it with
+
+
+def _dynamic_export(ctx: Context, others: list[tuple[str, Inputs]]) -> Callable[[Inputs], Any]:
+    args, kwargs = tuple(ctx.inputs.args), dict(ctx.inputs.kwargs)
+    base = flat_tensors(args, kwargs)
+    axes = moving_axes(base, [flat_tensors(tuple(i.args), dict(i.kwargs)) for _, i in others])
+    built: dict[str, Any] = {}
+
+    def call(inputs: Inputs) -> Any:
+        if "gm" not in built:
+            built["gm"] = export_graph(ctx.model, args, kwargs, dynamic=axes)[1]
+        return built["gm"](*flat_tensors(tuple(inputs.args), dict(inputs.kwargs)))
+
+    return call
+
+
+def _compare(
+    ctx: Context, inputs: Inputs, call: Callable[[Inputs], Any]
+) -> tuple[str | None, float | None]:
+    """(what is wrong or None, max |exported - eager|)."""
+    with preserved(ctx.model), torch.no_grad():
+        ctx.model.eval()
+        seeded(ctx.options.seed)
+        expected = _floats(inputs.call(ctx.model))
+        try:
+            seeded(ctx.options.seed)
+            got = _floats(call(inputs))
+        except Exception as exc:  # noqa: BLE001 - the exported model failing is the finding
+            lines = str(exc).strip().splitlines() or [""]
+            return f"fails: {type(exc).__name__}: {lines[0][:200]}", None
+    if [a.shape for a in got] != [b.shape for b in expected]:
+        return "the outputs' shapes differ from eager's", None
+    pairs = zip(got, expected, strict=True)
+    diff = max((float((a - b).abs().max()) for a, b in pairs if a.numel()), default=0.0)
+    scale = max((float(b.abs().max()) for b in expected if b.numel()), default=0.0)
+    if diff > RTOL * max(scale, 1.0):
+        return f"differs from eager by up to {diff:.3g} (largest eager value {scale:.3g})", diff
+    return None, diff
+
+
+def _floats(output: Any) -> list[torch.Tensor]:
+    return [t.detach().double() for t in tensor_leaves(output) if t.is_floating_point()]

@@ -17,6 +17,9 @@ Here the values that decide such branches are computed for real beside the fake 
   op that needs data for its shape (`nonzero`) gets the real shape.
 Weights and activations never have values, so the cost is the mask plumbing only.
 The real values live on the CPU, whatever device the fake tensors claim.
+
+The mode also runs the ops whose fake kernel refuses what the real kernel of the device
+takes (inspector.fakekernels: `_grouped_mm` in float32 on the CPU).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from torch._subclasses.fake_tensor import (
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.weak import WeakTensorKeyDictionary
+
+from inspector.fakekernels import Widening, remember_refusal, standins, widening_for
 
 __all__ = ["ValuedFakeTensorMode", "new_fake_mode", "value_of", "give_value", "MAX_NUMEL"]
 
@@ -98,6 +103,9 @@ class ValuedFakeTensorMode(FakeTensorMode):
 
     def dispatch(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN201 - torch's
         kwargs = kwargs or {}
+        widening = widening_for(func, args, kwargs)
+        if widening is not None:  # the fake kernel refuses what the real one runs
+            return self._widened(func, types, args, kwargs, widening)
         real = _real_args(func, args, kwargs)
         try:
             out = super().dispatch(func, types, args, kwargs)
@@ -105,11 +113,25 @@ class ValuedFakeTensorMode(FakeTensorMode):
             if real is None:
                 raise
             return self._from_real(_run(func, real), args, kwargs)
+        except Exception as exc:
+            remember_refusal(exc, func, args, kwargs)  # for the message (fakekernels)
+            raise
         if real is not None and not _no_value(func, real, out):
             self._carry(func, real, out)
         elif _mutates(func):
             self._forget_written(func, args, kwargs)
         return out
+
+    def _widened(self, func: Any, types: Any, args: Any, kwargs: Any, widening: Widening) -> Any:
+        """The fake kernel run on stand-ins it accepts; the output in the real dtype."""
+        with self:
+            standin_args = standins(args, widening.standin)
+            standin_kwargs = standins(kwargs, widening.standin)
+        out = super().dispatch(func, types, standin_args, standin_kwargs)
+        with self:
+            return torch.empty_strided(
+                out.shape, out.stride(), dtype=widening.out_dtype(args, kwargs), device=out.device
+            )
 
     def _carry(self, func: Any, real: tuple[tuple, dict], out: Any) -> None:
         """Give `out` the real result of `func` (or forget what the op wrote on failure)."""

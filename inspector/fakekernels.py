@@ -142,7 +142,7 @@ def refusal_message(exc: BaseException, where: str) -> str | None:
     first = found.error.splitlines()[0] if found.error else ""
     return (
         f"--fake cannot run {where}: torch's fake-tensor kernel for {found.op} refuses "
-        f"{name(found.dtype)} ({first}); with the same shapes it takes {takes}. Fake "
+        f"{name(found.dtype)} ({first}); with the same shapes the fake run takes {takes}. Fake "
         "kernels often copy the CUDA kernel's checks, so this is about the dtype the model "
         "computes in on this device, not about your inputs."
     )

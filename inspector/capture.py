@@ -23,6 +23,7 @@ from inspector.graph.fxerrors import FxTraceError, error_type, explain_guided
 from inspector.graph.guidedfx import GuidedCapture, trace_guided
 from inspector.graph.hooks import record_hooks
 from inspector.graph.lenient import fake_context
+from inspector.graph.modelstate import attributes_kept
 from inspector.graph.runner import perturb_fake_mode, preserved_state
 from inspector.graph.symdims import perturbed_value
 from inspector.report import CaptureAttempt
@@ -46,7 +47,8 @@ def capture_graph(ctx: Context) -> CaptureResult:
     for method, attempt in methods:
         start = time.perf_counter()
         try:
-            result, note = attempt(ctx)
+            with attributes_kept(ctx.model):  # a trace may store traced values on modules
+                result, note = attempt(ctx)
         except Exception as exc:  # the user's model failed this method: record, go on
             attempts.append(_failed(method, exc, ctx, time.perf_counter() - start))
             continue

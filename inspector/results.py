@@ -46,3 +46,4 @@ class PassResults:
     numerics: NumericsResult | None = None  # passes/numerics.py
     # passes/modes.py: BatchNorm inputs of the train() forward, by module path
     batchnorm_inputs: dict[str, BatchNormInput] = field(default_factory=dict)
+    modes_internal: bool = False  # passes/modes.py: its error is the inspector's own

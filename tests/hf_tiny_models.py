@@ -61,6 +61,15 @@ def bart() -> nn.Module:
     return tf.BartForConditionalGeneration(config)
 
 
+def swin() -> nn.Module:  # 32x32 images, windows of 4 patches, two stages
+    config = tf.SwinConfig(
+        image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
+        window_size=4, num_labels=3,
+    )  # fmt: skip
+    return tf.SwinForImageClassification(config)
+
+
+SWIN_SPEC = json.dumps({"pixel_values": {"shape": ["B", 3, 32, 32]}, "dims": {"B": 2}})
 DECODERS = ["llama", "mistral", "qwen2", "gemma", "phi", "gpt_neox"]
 
 

@@ -2,8 +2,9 @@
 
 torch.fx's own messages can be cryptic: a forward wrapped by a decorator that takes
 `(*args, **kwargs)` (transformers' `can_return_tuple`, `deprecate_kwarg`) fails with
-"code: co_varnames is too small", because `symbolic_trace` reads the parameters of the
-undecorated forward (`inspect.unwrap`) but rewrites the wrapper's code object for them.
+"code: co_varnames is too small" (or, without `**kwargs` in the forward, inside the
+wrapper: "'NoneType' object has no attribute 'pop'"), because `symbolic_trace` reads the
+parameters of the undecorated forward (`inspect.unwrap`) but calls the wrapper.
 """
 
 from __future__ import annotations
@@ -40,11 +41,27 @@ def error_type(exc: BaseException) -> str:
 
 def explain_plain(exc: BaseException, model: nn.Module) -> BaseException:
     """`exc` from `symbolic_trace(model)`, or a clearer FxTraceError in its place."""
-    if isinstance(exc, ValueError) and "co_varnames is too small" in str(exc):
-        chain = _wrappers(type(model).forward)
-        if chain:
-            return FxTraceError(_decorated(type(model), chain), type(exc).__name__)
+    chain = _wrappers(type(model).forward)
+    if chain and _in_decorators(exc, chain):
+        return FxTraceError(_decorated(type(model), chain, exc), type(exc).__name__)
     return exc
+
+
+def _in_decorators(exc: BaseException, chain: list[Any]) -> bool:
+    """fx failed rewriting the wrapper's code, or inside the wrapper itself (given the
+    undecorated forward's parameters it cannot take: `kwargs` None in `can_return_tuple`)."""
+    if isinstance(exc, ValueError) and "co_varnames is too small" in str(exc):
+        return True
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    # fx runs a rewritten copy of the wrapper's code: compare where the code comes from
+    codes = {_origin(fn.__code__) for fn in chain[:-1] if hasattr(fn, "__code__")}
+    return tb is not None and _origin(tb.tb_frame.f_code) in codes
+
+
+def _origin(code: Any) -> tuple[str, int, str]:
+    return code.co_filename, code.co_firstlineno, code.co_name
 
 
 def _wrappers(fn: Any) -> list[Any]:
@@ -55,7 +72,7 @@ def _wrappers(fn: Any) -> list[Any]:
     return chain if len(chain) > 1 else []
 
 
-def _decorated(cls: type, chain: list[Any]) -> str:
+def _decorated(cls: type, chain: list[Any], exc: BaseException) -> str:
     wrappers = ", ".join(
         f"`{fn.__code__.co_qualname.split('.<locals>')[0]}` ({_where(fn)})"
         for fn in chain[:-1]
@@ -65,9 +82,8 @@ def _decorated(cls: type, chain: list[Any]) -> str:
     return (
         f"torch.fx.symbolic_trace cannot trace {cls.__name__}.forward "
         f"({_where(forward)}) through its decorators {wrappers}: each takes "
-        "(*args, **kwargs), and fx reads the parameters of the undecorated forward but "
-        "rewrites the wrapper's code for them, which Python refuses "
-        '("code: co_varnames is too small")'
+        "(*args, **kwargs), and fx traces with the parameters of the undecorated forward "
+        f"but calls the wrapper, which cannot take them ({type(exc).__name__}: {exc})"
     )
 
 

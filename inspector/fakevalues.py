@@ -182,6 +182,8 @@ class ValuedFakeTensorMode(FakeTensorMode):
 def _real_args(func: Any, args: Any, kwargs: Any) -> tuple[tuple, dict] | None:
     """The op's arguments with each tensor replaced by its real value, or None when a
     tensor has none."""
+    if _plainly_fake(args) or _plainly_fake(kwargs.values()):
+        return None  # most ops (weights, activations): no flattening
     flat, spec = tree_flatten((args, kwargs))
     for i, x in enumerate(flat):
         if isinstance(x, FakeTensor):
@@ -197,6 +199,16 @@ def _real_args(func: Any, args: Any, kwargs: Any) -> tuple[tuple, dict] | None:
             return None
     real_args, real_kwargs = tree_unflatten(flat, spec)
     return real_args, _on_cpu(real_kwargs)
+
+
+def _plainly_fake(values: Any) -> bool:
+    """A fake tensor without a value among `values` or one list deep."""
+    for x in values:
+        if isinstance(x, FakeTensor) and getattr(x, _ATTR, None) is None:
+            return True
+        if isinstance(x, list | tuple) and _plainly_fake(x):
+            return True
+    return False
 
 
 def _no_value(func: Any, real: tuple[tuple, dict], out: Any) -> bool:

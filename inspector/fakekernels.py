@@ -20,7 +20,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["Widening", "widening_for", "refusal_message", "remember_refusal", "FakeRefusal"]
+__all__ = [
+    "Widening", "widening_for", "standins", "refusal_message", "remember_refusal", "FakeRefusal",
+]  # fmt: skip
 
 _STANDINS = (torch.bfloat16, torch.float16, torch.float32)
 _ATTR = "_inspector_fake_refusal"
@@ -137,12 +139,15 @@ def refusal_message(exc: BaseException, where: str) -> str | None:
     found = _refusal(exc)
     if found is None:
         return None
-    name = lambda d: str(d).removeprefix("torch.")  # noqa: E731
-    takes = " or ".join(name(d) for d in found.accepted)
+    takes = " or ".join(_name(d) for d in found.accepted)
     first = found.error.splitlines()[0] if found.error else ""
     return (
         f"--fake cannot run {where}: torch's fake-tensor kernel for {found.op} refuses "
-        f"{name(found.dtype)} ({first}); with the same shapes the fake run takes {takes}. Fake "
+        f"{_name(found.dtype)} ({first}); with the same shapes the fake run takes {takes}. Fake "
         "kernels often copy the CUDA kernel's checks, so this is about the dtype the model "
         "computes in on this device, not about your inputs."
     )
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

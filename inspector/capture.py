@@ -118,8 +118,8 @@ def _fx(ctx: Context) -> tuple[CaptureResult, Any]:
 
 
 def _guided(ctx: Context, plain: Exception, result: CaptureResult) -> GuidedCapture:
-    """fx guided by meta values (see guidedfx); raises `plain`, the error users can act
-    on, when that fails too."""
+    """fx guided by meta values (see guidedfx); when that fails too, raises one error
+    that says why each trace stopped (plain fx's first: its type and the user's line)."""
     cap, guided = None, None
     try:
         inputs = ctx.inputs

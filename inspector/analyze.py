@@ -13,6 +13,7 @@ import torch
 from inspector import __version__
 from inspector.capture import capture_graph
 from inspector.context import Context, Options
+from inspector.fakevalues import new_fake_mode
 from inspector.fit import check_inputs_fit
 from inspector.inputspec import parse_input
 from inspector.loaders.load import load_model
@@ -42,13 +43,6 @@ def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
         timings[stage] = round(timings.get(stage, 0.0) + time.perf_counter() - start, 4)
 
 
-def _new_fake_mode():  # noqa: ANN202 - torch's private type
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    # Real tensors (weights of a model built for real) become constants of the fake run.
-    return FakeTensorMode(allow_non_fake_inputs=True)
-
-
 def inspect_model(
     model: str, input: str | None = None, options: Options | None = None, progress=None
 ) -> Report:
@@ -66,7 +60,7 @@ def inspect_model(
     timings = report.meta.timings_s
     notify = progress or (lambda stage, percent: None)
     torch.manual_seed(options.seed)
-    fake_mode = _new_fake_mode() if options.fake else None
+    fake_mode = new_fake_mode() if options.fake else None
 
     notify("load", 0)
     with _timed(timings, "load"):

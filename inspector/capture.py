@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import nullcontext, suppress
+from contextlib import nullcontext
 from typing import Any
 
 from inspector.context import CaptureResult, Context
 from inspector.graph.exportcapture import WRAPPED, export_graph, flat_tensors, moving_axes
 from inspector.graph.fxcapture import FxCapture, trace_fx
+from inspector.graph.fxerrors import FxTraceError, error_type, explain_guided
 from inspector.graph.guidedfx import GuidedCapture, trace_guided
 from inspector.graph.hooks import record_hooks
 from inspector.graph.lenient import fake_context
+from inspector.graph.modelstate import attributes_kept
 from inspector.graph.runner import perturb_fake_mode, preserved_state
 from inspector.graph.symdims import perturbed_value
 from inspector.report import CaptureAttempt
@@ -45,7 +47,8 @@ def capture_graph(ctx: Context) -> CaptureResult:
     for method, attempt in methods:
         start = time.perf_counter()
         try:
-            result, note = attempt(ctx)
+            with attributes_kept(ctx.model):  # a trace may store traced values on modules
+                result, note = attempt(ctx)
         except Exception as exc:  # the user's model failed this method: record, go on
             attempts.append(_failed(method, exc, ctx, time.perf_counter() - start))
             continue
@@ -60,7 +63,7 @@ def _ok(method: str, note: Any, seconds: float) -> CaptureAttempt:
     if note is not None:  # fx kept some submodules whole: say why
         text, exc, where = note
         attempt.error = text
-        attempt.error_type = type(exc).__name__
+        attempt.error_type = error_type(exc)
         attempt.location, attempt.source_line = where or (None, None)
     return attempt
 
@@ -71,7 +74,7 @@ def _failed(method: str, exc: BaseException, ctx: Context, seconds: float) -> Ca
         method=method,
         ok=False,
         error=_message(exc),
-        error_type=type(exc).__name__,
+        error_type=error_type(exc),
         location=where[0] if where else None,
         source_line=where[1] if where else None,
         seconds=round(seconds, 4),
@@ -98,7 +101,7 @@ def _fx(ctx: Context) -> tuple[CaptureResult, Any]:
         result.decisions = cap.decisions
         taken = sum(d.why != "rank" for d in cap.decisions)
         text = (
-            f"torch.fx.symbolic_trace failed ({type(plain).__name__}: {_message(plain)}); "
+            f"torch.fx.symbolic_trace failed ({error_type(plain)}: {_message(plain)}); "
             f"traced again with meta values taking the model's {taken} Python "
             f"decision{'s' if taken != 1 else ''} on traced values as the example inputs "
             "take them (each is checked again with every named dim changed)"
@@ -115,15 +118,21 @@ def _fx(ctx: Context) -> tuple[CaptureResult, Any]:
 
 
 def _guided(ctx: Context, plain: Exception, result: CaptureResult) -> GuidedCapture:
-    """fx guided by meta values (see guidedfx); raises `plain`, the error users can act
-    on, when that fails too."""
-    cap = None
-    with suppress(Exception):
+    """fx guided by meta values (see guidedfx); when that fails too, raises one error
+    that says why each trace stopped (plain fx's first: its type and the user's line)."""
+    cap, guided = None, None
+    try:
         inputs = ctx.inputs
         result.stack_traces = _stacks(ctx)
         cap = trace_guided(ctx.model, inputs.args, inputs.kwargs, stack_traces=result.stack_traces)
+    except Exception as exc:
+        guided = explain_guided(exc)
     if cap is None:  # raised outside a handler: the guided error is not its context
-        raise plain
+        raise FxTraceError(
+            f"{_message(plain)}; traced again with meta values deciding the Python "
+            f"branches, fx stopped: {guided}",
+            error_type(plain),
+        ) from plain
     return cap
 
 

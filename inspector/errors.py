@@ -14,6 +14,7 @@ __all__ = [
     "InputSpecError",
     "InputMismatchError",
     "UserCodeError",
+    "FakeModeLimit",
 ]
 
 
@@ -64,3 +65,8 @@ class InputMismatchError(UserError):
 
 class UserCodeError(UserError):
     """The user's own code raised while we ran it."""
+
+
+class FakeModeLimit(UserError):
+    """--fake cannot run this model as it is: a limit of torch's fake tensors (the op and
+    the reason are in the message), not a fault of the model or its inputs."""

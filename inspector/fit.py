@@ -18,7 +18,8 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from inspector.context import Inputs
-from inspector.errors import InputMismatchError, UserCodeError, UserError
+from inspector.errors import FakeModeLimit, InputMismatchError, UserCodeError, UserError
+from inspector.fakekernels import refusal_message
 from inspector.loaders.usercode import user_code_error
 from inspector.tracebacks import is_user_file, user_location
 
@@ -140,10 +141,18 @@ def _is_mismatch(exc: BaseException, user_files: list[str]) -> bool:
 def _explain(
     exc: BaseException, stack: list[_Frame], model: nn.Module, user_files: list[str]
 ) -> UserError:
+    frame = stack[-1] if stack else None
+    limit = refusal_message(exc, _label(frame) if frame else type(model).__name__)
+    if limit is not None:  # torch's fake kernel, not the inputs
+        located = user_location(exc, user_files)
+        return FakeModeLimit(
+            limit,
+            location=located[0] if located else None,
+            hint="Run without --fake, or with the model in a dtype the fake kernel takes.",
+        )
     if not _is_mismatch(exc, user_files):
         what = f"running {type(model).__name__}.forward"
         return user_code_error(UserCodeError, what, exc, user_files)
-    frame = stack[-1] if stack else None
     lines = [_headline(frame, model)]
     if frame is not None:
         lines.append(f"  it received: {describe_tensors(frame.args, frame.kwargs)}")

@@ -54,3 +54,4 @@ class PassResults:
     attention_softmaxes: list[AttentionSoftmax] = field(default_factory=list)  # passes/probe.py
     # passes/modes.py: BatchNorm inputs of the train() forward, by module path
     batchnorm_inputs: dict[str, BatchNormInput] = field(default_factory=dict)
+    modes_internal: bool = False  # passes/modes.py: its error is the inspector's own

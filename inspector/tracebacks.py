@@ -16,7 +16,20 @@ __all__ = [
     "format_user_traceback",
     "is_user_file",
     "runs_user_code",
+    "inspector_fault",
+    "INTERNAL_NOTE",
 ]
+
+_PACKAGE = os.path.dirname(os.path.realpath(__file__)) + os.sep
+# how a section says that the inspector, not the model, failed
+INTERNAL_NOTE = "an internal error of the inspector, not a fault of the model; please report it"
+
+
+def inspector_fault(exc: BaseException) -> bool:
+    """Whether `exc` was raised by the inspector's own code (a hook, a graph replay, a
+    traced value left behind), not by the model, its libraries or torch."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and os.path.realpath(frames[-1].filename).startswith(_PACKAGE)
 
 
 def is_user_file(filename: str, user_files: Iterable[str]) -> bool:

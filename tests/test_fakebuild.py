@@ -38,15 +38,31 @@ class DropPathNet(nn.Module):
 SPEC = '{"x": {"shape": ["B", 8]}, "dims": {"B": 4}}'
 
 
-def test_the_constructor_cannot_run_under_fake_tensors() -> None:
-    mode = new_fake_mode()
+def test_the_constructor_cannot_run_under_torchs_own_fake_tensors() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     try:
-        with building_under(mode):
+        with building_under(FakeTensorMode(allow_non_fake_inputs=True)):
             torch.linspace(0, 0.1, 4).tolist()
     except Exception as exc:  # noqa: BLE001 - whichever torch raises, it needs values
         assert needs_values(exc)
     else:
         raise AssertionError("fake tensors gave values")
+
+
+def test_small_values_of_a_constructor_are_kept_under_the_inspectors_fake_mode() -> None:
+    with building_under(new_fake_mode()):
+        rates = torch.linspace(0, 0.1, 3).tolist()
+        widths = (torch.arange(4) * 8 + 16).int().tolist()
+        noise = torch.rand(3)  # random floats stay fake: no value to read
+        try:
+            noise.tolist()
+        except Exception as exc:  # noqa: BLE001 - whichever torch raises, it needs values
+            assert needs_values(exc)
+        else:
+            raise AssertionError("random floats got values")
+    assert rates == [0.0, 0.05000000074505806, 0.10000000149011612]  # float32 linspace
+    assert widths == [16, 24, 32, 40]
 
 
 def test_fake_build_of_a_value_reading_constructor(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from torch import fx, nn
 
 from inspector.graph.exportcapture import flat_tensors
+from inspector.graph.fxerrors import explain_plain
 
 __all__ = [
     "FLAT_INPUTS", "FxCapture", "FxTracer", "fx_placeholder_values", "trace_fx",
@@ -69,7 +70,13 @@ def trace_fx(model: nn.Module, args: tuple, kwargs: dict) -> FxCapture:
     """Trace `model`; raises the first error when the root itself cannot be traced."""
     concrete = _concrete_args(model, args, kwargs)
     with constants_left_off(model):
-        graph, tracer, leaves, first = trace_with_leaves(FxTracer, model, concrete or None)
+        try:
+            graph, tracer, leaves, first = trace_with_leaves(FxTracer, model, concrete or None)
+        except Exception as exc:
+            clearer = explain_plain(exc, model)
+            if clearer is exc:
+                raise
+            raise clearer from exc
         gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
     return FxCapture(gm, sorted(leaves), first)
 

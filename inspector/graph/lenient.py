@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from inspector.fakevalues import new_fake_mode, value_of
+
 __all__ = ["LenientScalars", "fake_context", "new_fake_mode"]
 
 
@@ -25,7 +27,9 @@ class LenientScalars(TorchDispatchMode):
         self.reads = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        if func is torch.ops.aten._local_scalar_dense.default and _is_fake(args[0]):
+        # a fake tensor that carries its value answers it (inspector.fakevalues)
+        scalar = func is torch.ops.aten._local_scalar_dense.default
+        if scalar and _is_fake(args[0]) and value_of(args[0]) is None:
             self.reads += 1
             dtype = args[0].dtype
             return True if dtype == torch.bool else 1.0 if dtype.is_floating_point else 1
@@ -36,13 +40,6 @@ def _is_fake(t: Any) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return isinstance(t, FakeTensor)
-
-
-def new_fake_mode() -> Any:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    # Real weights of a model built for real become constants of the fake run.
-    return FakeTensorMode(allow_non_fake_inputs=True)
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from inspector.health.locate import is_user_file
 from inspector.health.outputs import float_outputs, make_loss
 from inspector.health.recorder import CutPoint, InplaceOp, recording
 from inspector.health.state import seeded
+from inspector.tracebacks import INTERNAL_NOTE, inspector_fault
 from inspector.tracebacks import user_location as exc_location
 
 __all__ = ["GradStats", "BackwardRun", "InplaceError", "backward_once", "grad_stats"]
@@ -53,6 +54,7 @@ class BackwardRun:
     outputs_without_grad: list[str] = field(default_factory=list)
     error: str | None = None
     inplace_error: InplaceError | None = None
+    internal: bool = False  # `error` is the inspector's own failure, not the model's
 
 
 def grad_stats(grad: torch.Tensor) -> GradStats:
@@ -77,7 +79,9 @@ def backward_once(ctx: Context) -> BackwardRun:
         with recording(model, ctx.loaded.user_files) as rec:
             output = ctx.inputs.call(model)
     except Exception as exc:  # noqa: BLE001 - the user's forward; reported, not raised
-        run.error = f"forward failed{_at(ctx, exc)}: {type(exc).__name__}: {exc}"
+        run.internal = inspector_fault(exc)
+        note = f" ({INTERNAL_NOTE})" if run.internal else ""
+        run.error = f"forward failed{_at(ctx, exc)}: {type(exc).__name__}: {exc}{note}"
         return run
     run.called, run.cuts, run.inplace = list(rec.called), rec.cuts, rec.inplace
     if any(p.requires_grad for p in model.parameters()):
@@ -99,6 +103,7 @@ def backward_once(ctx: Context) -> BackwardRun:
         loss.backward()
         run.backward_ran = True
     except RuntimeError as exc:
+        run.internal = inspector_fault(exc)
         run.error = _backward_error(ctx, exc, run)
     run.grads = {n: grad_stats(p.grad) for n, p in model.named_parameters() if p.grad is not None}
     return run

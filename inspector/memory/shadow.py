@@ -12,22 +12,21 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_map
 
 from inspector.context import Inputs
+from inspector.fakevalues import give_value, new_fake_mode, value_of
 
 __all__ = ["new_fake_mode", "fake_shadow", "fake_inputs", "real_shadow"]
 
 
-def new_fake_mode() -> Any:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    return FakeTensorMode(allow_non_fake_inputs=True)
-
-
 def _fake_like(t: torch.Tensor, fake_mode: Any) -> torch.Tensor:
+    """A fresh fake tensor like `t`; an integer or bool one keeps its values (masks and
+    ids decide library branches: inspector.fakevalues)."""
     with fake_mode:
         out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    give_value(out, value_of(t) if isinstance(t, FakeTensor) else t)
     if isinstance(t, nn.Parameter):
         return nn.Parameter(out, requires_grad=t.requires_grad)
     return out.requires_grad_(t.requires_grad) if t.is_leaf else out

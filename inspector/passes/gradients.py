@@ -31,6 +31,8 @@ def run(ctx: Context) -> None:
         result = backward_once(ctx)
         graded = _node_grads(ctx) if result.backward_ran else None
     ctx.results.gradients = result
+    if result.internal:  # said as the inspector's failure, not as a finding on the model
+        ctx.report.meta.warnings.append(f"gradients: {result.error}")
     _fill(ctx, section, result, graded, th)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from inspector.context import Context, Inputs
+from inspector.fakevalues import new_fake_mode
 from inspector.graph.exportcapture import WRAPPED, flat_tensors
 from inspector.graph.fxcapture import FLAT_INPUTS
 from inspector.memory import advice, scaling, setups
@@ -207,7 +208,7 @@ def _setups(ctx: Context, mem: Memory, a: Analysis) -> None:
     """The same model under the other optimizers, bf16 autocast and checkpointing."""
     trainable = [p for p in unique_tensors(a.model.parameters()) if p.requires_grad]
     names = sorted(set(setups.COMPARED_OPTIMIZERS) | {ctx.options.optimizer})
-    mode = a.opts.fake_mode or _fake_mode()
+    mode = a.opts.fake_mode or new_fake_mode()
     blocks = [x.saving_bytes for x in mem.advice if x.kind == "checkpoint"]
     every = next((x.saving_bytes for x in mem.advice if x.kind == "checkpoint-all"), 0)
     bf16, run = ctx.results.memory_bf16, ctx.results.memory_checkpointed
@@ -238,12 +239,6 @@ def _activation_dtype(autocast: str, param_dtype: str | None) -> str:
     if autocast == "float32" and param_dtype in ("bfloat16", "float16"):
         return {"bfloat16": "bf16", "float16": "fp16"}[param_dtype]
     return autocast
-
-
-def _fake_mode() -> Any:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    return FakeTensorMode(allow_non_fake_inputs=True)
 
 
 def _measured(ctx: Context, mem: Memory, a: Analysis) -> None:

@@ -17,7 +17,7 @@ from inspector.health.state import preserved, seeded
 from inspector.health.thresholds import resolve
 from inspector.health.values import NodeRef, run_nodes
 from inspector.report import Node
-from inspector.tracebacks import user_location
+from inspector.tracebacks import INTERNAL_NOTE, inspector_fault, user_location
 
 __all__ = ["run", "FAKE_NOTE"]
 
@@ -32,6 +32,7 @@ class _Run:
     outputs: list[torch.Tensor] = field(default_factory=list)
     kept_bytes: int = 0
     error: str | None = None
+    internal: bool = False  # `error` is the inspector's own failure (a graph replay)
 
 
 def run(ctx: Context) -> None:
@@ -54,6 +55,9 @@ def run(ctx: Context) -> None:
                 handle.remove()
     section.error = train.error or evaluated.error
     section.computed = section.error is None
+    ctx.results.modes_internal = (train if train.error else evaluated).internal
+    if ctx.results.modes_internal:  # said as the inspector's failure, not as a finding
+        ctx.report.meta.warnings.append(f"modes: {section.error}")
     if section.computed:
         _compare(ctx, train, evaluated)
         if reseeded.error is None:
@@ -71,7 +75,9 @@ def _forward(ctx: Context, training: bool, seed: int | None = None) -> _Run:
         where = user_location(exc, ctx.loaded.user_files)
         at = f" at {where[0]}" if where else ""
         mode = "train()" if training else "eval()"
-        result.error = f"forward in {mode} mode failed{at}: {type(exc).__name__}: {exc}"
+        result.internal = inspector_fault(exc)
+        note = f" ({INTERNAL_NOTE})" if result.internal else ""
+        result.error = f"forward in {mode} mode failed{at}: {type(exc).__name__}: {exc}{note}"
         return result
     result.outputs = [t for _, t in float_outputs(output)]
     return result

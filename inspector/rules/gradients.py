@@ -178,6 +178,8 @@ def gradients_failed(ctx: Context, report: Report) -> Iterator[Finding]:
     run = _run(ctx)
     if run is None or run.inplace_error is not None or not report.gradients.error:
         return
+    if run.internal:  # the inspector failed, not the model: no finding
+        return
     if report.gradients.computed:
         return
     yield finding(

@@ -57,6 +57,8 @@ def train_mode_failure(ctx: Context, report: Report) -> Iterator[Finding]:
     error = report.modes.error
     if not error or ctx.options.fake or any(b.values_per_channel <= 1 for b in _batchnorm(ctx)):
         return
+    if ctx.results.modes_internal:  # the inspector failed, not the model: no finding
+        return
     yield finding(
         "train-mode-failure", "", error, "Make forward work in both train() and eval() mode."
     )

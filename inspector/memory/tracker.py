@@ -155,6 +155,8 @@ class LiveTracker(TorchDispatchMode):
             if func in UNKNOWN or func in FORMULAS:
                 self.unmodelled.add(op_name(func))
             return None
+        if kernel.partial:
+            self.unmodelled.add(op_name(func))
         for index, nbytes in kernel.output_bytes.items():
             entry = self.entries.get(storage_key(outputs[index]))
             if entry is not None:  # a fake kernel says 0 bytes

@@ -88,6 +88,7 @@ def _peaks(mem: Memory, a: Analysis) -> None:
     mem.train_peak_bytes, mem.train_peak_node = a.train.peak_bytes, a.train.peak_label
     mem.train_peak_phase = a.train.peak_phase
     mem.timeline = downsample(a.train.points)
+    mem.unmodelled_kernel_ops = sorted(a.train.unmodelled | a.forward.unmodelled)
 
 
 def _nodes(ctx: Context, mem: Memory, a: Analysis) -> None:

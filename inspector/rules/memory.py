@@ -58,3 +58,64 @@ def _bytes(advice: MemoryAdvice) -> str:
 
 def _how(advice: MemoryAdvice) -> str:
     return ", measured on fake tensors" if advice.verified else ", predicted"
+
+
+GAP_SHARE = 0.05  # a measured gap past this is worth a warning, whatever its cause
+
+
+@rule("kernel-memory-unmodelled", "info")
+def kernel_memory_unmodelled(ctx: Context, report: Report) -> Iterator[Finding]:
+    """Kernels that allocate memory of their own (workspaces, scratchpads, layout copies)
+    that the estimate does not count: it says which, rather than silently under-count."""
+    ops = report.memory.unmodelled_kernel_ops
+    if ops:
+        yield finding(
+            "kernel-memory-unmodelled",
+            "",
+            f"the memory estimate leaves out what these kernels allocate inside themselves: "
+            f"{', '.join(ops)}{_run_time(ops)}; the peaks may be that much higher.",
+            "Leave the real measurement on (no --no-measure, no --fake) to see the gap, and "
+            "keep headroom in the budget for it.",
+        )
+
+
+def _run_time(ops: list[str]) -> str:
+    if any(op.startswith(("cudnn", "_cudnn", "miopen")) for op in ops):
+        return " (cuDNN/MIOpen choose their workspace at run time)"
+    return ""
+
+
+@rule("memory-estimate-gap", "warning")
+def memory_estimate_gap(ctx: Context, report: Report) -> Iterator[Finding]:
+    """The report's own real measurement disagrees with the estimate by more than 5%."""
+    measured = report.memory.measured
+    if measured is None:
+        return
+    gaps = [
+        (name, error)
+        for name, error in (
+            ("training-step peak", measured.train_peak_error),
+            ("saved activations", measured.saved_activation_error),
+        )
+        if error is not None and abs(error) > GAP_SHARE
+    ]
+    if gaps:
+        text = ", ".join(f"the {name} is {error:+.1%} off" for name, error in gaps)
+        yield finding(
+            "memory-estimate-gap",
+            report.memory.train_peak_node or "",
+            f"measured on a real {measured.device} step ({measured.method}), {text} "
+            f"(estimate vs measured). Likely cause: {_cause(report)}.",
+            "Budget from the measured figures (memory.measured) for this model.",
+        )
+
+
+def _cause(report: Report) -> str:
+    ops = report.memory.unmodelled_kernel_ops
+    if ops:
+        return f"memory allocated inside kernels the estimate does not model ({', '.join(ops)})"
+    return (
+        "allocations below the aten-op level that no formula in inspector/memory/kernels "
+        "describes (a kernel's workspace or layout copies), or a model that runs another "
+        "path on fake tensors than on real ones"
+    )

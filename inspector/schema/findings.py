@@ -35,7 +35,7 @@ RULE_THEMES: dict[str, tuple[str, ...]] = {
         "inplace-autograd",
         "gradients-failed",
     ),
-    "memory": ("checkpoint-candidate",),
+    "memory": ("checkpoint-candidate", "kernel-memory-unmodelled", "memory-estimate-gap"),
     "modes": (
         "batchnorm-single-value",
         "batchnorm-few-values",

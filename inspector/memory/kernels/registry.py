@@ -31,6 +31,7 @@ class KernelMemory:
     scratch_bytes: int = 0  # live only inside the call, on top of its outputs
     # flat output index -> the bytes the real kernel gives it (a fake kernel may say 0)
     output_bytes: dict[int, int] = field(default_factory=dict)
+    partial: bool = False  # a lower bound: part of this call's kernel memory is not known
 
 
 Formula = Callable[[tuple, dict, Any], KernelMemory | None]

@@ -172,6 +172,7 @@ class MeasuredMemory(_Model):
     forward_peak_bytes: int | None = None
     train_peak_error: float | None = None  # (estimate - measured) / measured
     saved_activation_error: float | None = None
+    forward_peak_error: float | None = None
 
 
 class MemoryAdvice(_Model):

@@ -148,17 +148,28 @@ class ConvNeXtBlock(nn.Module):
         return x + (self.gamma * y).permute(0, 3, 1, 2)
 
 
-class ConvNeXt(nn.Module):
-    """A patchify stem and two ConvNeXt blocks, pooled into a classifier."""
-
-    def __init__(self, dim: int = 48, classes: int = 10) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(3, dim, 4, 4)
-        self.blocks = nn.Sequential(ConvNeXtBlock(dim), ConvNeXtBlock(dim))
-        self.head = nn.Linear(dim, classes)
+class LayerNorm2d(nn.LayerNorm):
+    """LayerNorm over the channels of an NCHW tensor, as ConvNeXt's stem and downsamples."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(self.stem(x)).mean((2, 3)))
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ConvNeXt(nn.Module):
+    """ConvNeXt in small: the patchify stem, two stages of two blocks with a 2x2 strided
+    downsample between them, pooled into a classifier."""
+
+    def __init__(self, dims: tuple[int, int] = (32, 64), classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, dims[0], 4, 4), LayerNorm2d(dims[0], eps=1e-6))
+        self.stage1 = nn.Sequential(ConvNeXtBlock(dims[0]), ConvNeXtBlock(dims[0]))
+        self.down = nn.Sequential(LayerNorm2d(dims[0], eps=1e-6), nn.Conv2d(dims[0], dims[1], 2, 2))
+        self.stage2 = nn.Sequential(ConvNeXtBlock(dims[1]), ConvNeXtBlock(dims[1]))
+        self.head = nn.Linear(dims[1], classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stage2(self.down(self.stage1(self.stem(x))))
+        return self.head(x.mean((2, 3)))
 
 
 def make_convnext(batch: int = 4, size: int = 128) -> tuple[nn.Module, tuple]:

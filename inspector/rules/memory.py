@@ -87,7 +87,8 @@ def _run_time(ops: list[str]) -> str:
 
 @rule("memory-estimate-gap", "warning")
 def memory_estimate_gap(ctx: Context, report: Report) -> Iterator[Finding]:
-    """The report's own real measurement disagrees with the estimate by more than 5%."""
+    """The report's own real measurement disagrees with the estimate by more than 5%: the
+    gap, where the estimate peaks, and the likely cause."""
     measured = report.memory.measured
     if measured is None:
         return
@@ -96,6 +97,7 @@ def memory_estimate_gap(ctx: Context, report: Report) -> Iterator[Finding]:
         for name, error in (
             ("training-step peak", measured.train_peak_error),
             ("saved activations", measured.saved_activation_error),
+            ("inference forward peak", measured.forward_peak_error),
         )
         if error is not None and abs(error) > GAP_SHARE
     ]

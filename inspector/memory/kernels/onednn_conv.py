@@ -1,17 +1,27 @@
-"""oneDNN's convolution on CPU (PyTorch's `Mkldnn` conv backend, float32, plain NCHW/NCDHW
-tensors): the kernel works in blocked layouts (channels in blocks of 16 on AVX-512), so
-it copies what it reads and writes into them and frees the copies before returning.
+"""oneDNN's convolution on CPU (PyTorch's `Mkldnn` conv backend, float32, contiguous
+NCHW/NCDHW tensors). The kernel works in blocked layouts (channels in blocks of 16 on
+AVX-512), so ideep copies what it reads and writes into them and frees the copies before
+returning; the order of those copies, read off the CPU profiler's allocation events, is
+what the peak inside the call depends on:
 
-Measured with the CPU profiler on the small r3d_18, DeepLabV3 and ConvNeXt equivalents
-(tests/kernel_models.py; tests/test_kernel_memory.py):
-- a 1x1, stride-1, unpadded conv runs as a plain GEMM: no copies;
-- forward: a first layer (input channels not a multiple of 16) reads its input as it is
-  and writes a blocked copy of the output; any other layer copies its input and weights;
-- backward: a first layer copies the output gradient; any other layer holds two blocked
-  activation copies of the larger of the input and the output gradient at once.
-A dilated conv padded wider than its kernel (ASPP's rates 12-36) takes another oneDNN
-implementation with a larger scratchpad: the copies are counted and the call is reported
-as not fully modelled. Transposed convs, other dtypes and other backends are not modelled.
+- forward: input copy S, weight copy W, output copy D; then the plain output, with D
+  still live. A first layer (fewer than 16 input channels, oneDNN's "1st conv") reads
+  its input as it is (no S). A strided 1x1 conv first gathers its strided input into a
+  scratchpad (oneDNN's "reduce to unit stride": input channels x output pixels).
+- backward, data: D (the output gradient), W, the input-gradient copy S; then the plain
+  input gradient with S live (and one more S-sized copy for a strided conv).
+- backward, weights (the input gradient kept): S, D, a weight-gradient copy and a
+  bias-gradient copy; the plain weight and bias gradients come after the frees.
+- an output gradient that is not contiguous (the backward of `.sum()`) is copied first
+  and held throughout.
+A 1x1, stride-1, unpadded conv runs as a plain GEMM, with no copies.
+
+Measured byte-exact on 20 single convs and the three nets at one thread. Not modelled, so
+the call is reported: a dilation of 8 or more (oneDNN may take its GEMM implementation
+there, with per-thread im2col buffers, depending on batch and size), backward with more
+than one thread (per-thread weight-gradient reduction buffers), the small scratchpads of
+strided backward-data and depthwise backward-weights kernels (counted as 0); transposed
+convs, channels-last tensors, other dtypes and other backends are not counted at all.
 """
 
 from __future__ import annotations
@@ -27,53 +37,95 @@ __all__ = ["conv_forward_scratch", "conv_backward_scratch"]
 
 aten = torch.ops.aten
 BLOCK = 16  # AVX-512 float32 channel block
+F32 = 4
+FIRST_CONV_CHANNELS = 16  # oneDNN's "1st conv" kernels: fewer input channels, plain input
+SCRATCHPAD_ALIGN = 128  # what a oneDNN scratchpad adds to its content, measured
+GEMM_DILATION = 8  # from this dilation oneDNN may pick its GEMM conv (measured at batch 2)
 
 
-def _blocked_bytes(shape: Any) -> int:
-    """Bytes of an activation in the blocked layout: channels rounded up to the block."""
-    channels = -(-int(shape[1]) // BLOCK) * BLOCK
-    return math.prod(int(d) for d in shape) // int(shape[1]) * channels * 4
+def _pad(n: int) -> int:
+    return -(-int(n) // BLOCK) * BLOCK
 
 
 def _nbytes(shape: Any) -> int:
-    return math.prod(int(d) for d in shape) * 4
+    return math.prod(int(d) for d in shape) * F32
 
 
-def _pointwise(weight: torch.Tensor, stride: Any, padding: Any) -> bool:
-    return (
-        all(k == 1 for k in weight.shape[2:]) and all(s == 1 for s in stride) and not any(padding)
-    )
+def _blocked(shape: Any) -> int:
+    """An activation in the blocked layout: channels rounded up to the block."""
+    return _nbytes(shape) // int(shape[1]) * _pad(shape[1])
 
 
-def _first_layer(x: torch.Tensor) -> bool:
-    return int(x.shape[1]) % BLOCK != 0
+def _weights(weight: torch.Tensor, groups: int, first: bool) -> int:
+    """The weight copy: per group, output and input channels rounded up to the block (the
+    input channels of a first layer are not); depthwise weights are blocked by group."""
+    oc, icg, kernel = int(weight.shape[0]), int(weight.shape[1]), math.prod(weight.shape[2:])
+    if groups > 1 and icg == 1 and oc == groups:
+        return _pad(groups) * kernel * F32
+    ic = icg if first else _pad(icg)
+    return groups * _pad(oc // groups) * ic * kernel * F32
 
 
-def _wide_dilation(weight: torch.Tensor, padding: Any, dilation: Any) -> bool:
-    dims = zip(weight.shape[2:], padding, dilation, strict=False)
-    return any(d > 1 and p > k - 1 for k, p, d in dims)
+def _first(x: torch.Tensor, groups: int) -> bool:
+    return int(x.shape[1]) < FIRST_CONV_CHANNELS and groups == 1
 
 
-def conv_forward_scratch(x: torch.Tensor, weight: torch.Tensor, out_shape: Any) -> int:
-    if _first_layer(x):
-        return _blocked_bytes(out_shape)
-    return _blocked_bytes(x.shape) + _nbytes(weight.shape)
+def _unit_stride(x: torch.Tensor, weight: torch.Tensor, out_shape: Any, stride: Any) -> int:
+    """A strided 1x1 conv's scratchpad: its input gathered at the output's pixels."""
+    if any(k != 1 for k in weight.shape[2:]) or all(s == 1 for s in stride):
+        return 0
+    return _pad(x.shape[1]) * math.prod(int(d) for d in out_shape[2:]) * F32 + SCRATCHPAD_ALIGN
 
 
-def conv_backward_scratch(x: torch.Tensor, grad_out: torch.Tensor) -> int:
-    if _first_layer(x):
-        return _blocked_bytes(grad_out.shape)
-    return 2 * max(_blocked_bytes(x.shape), _blocked_bytes(grad_out.shape))
+def conv_forward_scratch(
+    x: torch.Tensor, weight: torch.Tensor, out_shape: Any, groups: int, stride: Any
+) -> int:
+    first = _first(x, groups)
+    s = 0 if first else _blocked(x.shape)
+    w, d, out = _weights(weight, groups, first), _blocked(out_shape), _nbytes(out_shape)
+    gather = _unit_stride(x, weight, out_shape, stride)
+    return max(gather + s + w + d, d + out) - out
+
+
+def conv_backward_scratch(
+    grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, groups: int,
+    strided: bool, mask: Any,
+) -> int:  # fmt: skip
+    first = _first(x, groups)
+    s, d, oc = _blocked(x.shape), _blocked(grad_out.shape), int(weight.shape[0])
+    grad_in = _nbytes(x.shape) if mask[0] else 0
+    data = weights = 0
+    if mask[0]:
+        data = max(d + _weights(weight, groups, False) + s, s + grad_in + (s if strided else 0))
+    if mask[1]:
+        depthwise = groups > 1 and int(weight.shape[1]) == 1
+        reads = 0 if depthwise else d + (0 if first else s)
+        weights = grad_in + reads + _weights(weight, groups, first) + _pad(oc) * F32 * mask[2]
+    end = grad_in + _nbytes(weight.shape) * mask[1] + oc * F32 * mask[2]
+    copied = 0 if grad_out.is_contiguous() else _nbytes(grad_out.shape)
+    return copied + max(0, max(data, weights) - end)
 
 
 def _onednn(x: torch.Tensor, weight: torch.Tensor, conv: tuple) -> bool:
     stride, padding, dilation, transposed, output_padding, groups = conv
     if x.device.type != "cpu" or x.dtype != torch.float32 or transposed:
         return False
+    if not (x.is_contiguous() and weight.is_contiguous()):
+        return False  # channels-last runs other kernels
     backend = torch._C._select_conv_backend(
         x, weight, None, stride, padding, dilation, transposed, output_padding, groups, None
     )
     return backend == torch._C._ConvBackend.Mkldnn
+
+
+def _pointwise(weight: torch.Tensor, stride: Any, padding: Any) -> bool:
+    ones = all(k == 1 for k in weight.shape[2:]) and all(s == 1 for s in stride)
+    return ones and not any(padding)
+
+
+def _gemm_possible(weight: torch.Tensor, dilation: Any) -> bool:
+    dims = zip(weight.shape[2:], dilation, strict=False)
+    return any(k > 1 and d >= GEMM_DILATION for k, d in dims)
 
 
 @formula(aten.convolution.default)
@@ -83,18 +135,19 @@ def _forward(args: tuple, kwargs: dict, out: Any) -> KernelMemory | None:
         return None
     if _pointwise(weight, stride, padding):
         return KernelMemory()
-    scratch = conv_forward_scratch(x, weight, out.shape)
-    return KernelMemory(scratch, partial=_wide_dilation(weight, padding, dilation))
+    scratch = conv_forward_scratch(x, weight, out.shape, groups, stride)
+    return KernelMemory(scratch, partial=_gemm_possible(weight, dilation))
 
 
 @formula(aten.convolution_backward.default)
 def _backward(args: tuple, kwargs: dict, out: Any) -> KernelMemory | None:
-    grad_out, x, weight, _, stride, padding, dilation, transposed, output_padding, groups = args[
-        :10
-    ]
+    grad_out, x, weight, _, stride, padding, dilation, transposed, output_padding = args[:9]
+    groups, mask = args[9], args[10]
     if not _onednn(x, weight, (stride, padding, dilation, transposed, output_padding, groups)):
         return None
     if _pointwise(weight, stride, padding):
         return KernelMemory()
-    scratch = conv_backward_scratch(x, grad_out)
-    return KernelMemory(scratch, partial=_wide_dilation(weight, padding, dilation))
+    strided = any(s > 1 for s in stride)
+    scratch = conv_backward_scratch(grad_out, x, weight, groups, strided, mask)
+    threads = mask[1] and torch.get_num_threads() > 1  # per-thread weight-gradient buffers
+    return KernelMemory(scratch, partial=_gemm_possible(weight, dilation) or threads)

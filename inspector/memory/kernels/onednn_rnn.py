@@ -9,7 +9,10 @@ the ldgoi layout where padding changes them, the ldigo copies again and the same
 scratchpad. Sizes follow oneDNN's `rnn_utils` (`set_offsets`: every region starts on a
 4 KiB page; `get_good_ld`: leading dims rounded to 64 bytes and kept off multiples of
 256 elements), checked against the allocator on 144 shapes (tests/test_kernel_memory.py).
-Inference (train=False) takes another, packed-GEMM path: not modelled, so reported.
+Inference (train=False): no workspace; the weights are copied with the gate dimension
+rounded up to 128, and the states go into the scratchpad, with the gates of one step (of
+every step at batch 1, where oneDNN merges the steps' GEMMs). Checked on 84 shapes, within
+80 bytes (the scratchpad is 80 bytes larger when the input and hidden sizes are equal).
 """
 
 from __future__ import annotations
@@ -20,13 +23,16 @@ import torch
 
 from inspector.memory.kernels.registry import KernelMemory, formula
 
-__all__ = ["lstm_workspace_bytes", "lstm_scratchpad_bytes"]
+__all__ = ["lstm_workspace_bytes", "lstm_scratchpad_bytes", "lstm_inference_scratch_bytes"]
 
 aten = torch.ops.aten
 PAGE = 4096
 F32 = 4
 LSTM_MODE, GATES = 2, 4  # ideep::rnn_kind::LSTM; i, f, g, o
-SCRATCHPAD_HEADER = 568  # what oneDNN's scratchpad grantor adds, measured: sizes are 4096k + 568
+# what oneDNN's scratchpad grantor adds, measured: sizes are 4096k + 568 (training), 4096k
+# + 776 (inference)
+SCRATCHPAD_HEADER, INFERENCE_HEADER = 568, 776
+INFERENCE_GATES_BLOCK = 128  # the inference weights' gate dimension is rounded up to this
 
 
 def _round_up(n: int, to: int) -> int:
@@ -68,6 +74,20 @@ def lstm_scratchpad_bytes(steps: int, batch: int, hidden: int) -> int:
     )
 
 
+def lstm_inference_scratch_bytes(steps: int, batch: int, size: int, hidden: int) -> int:
+    """Weights, bias sum and scratchpad (states, c states, one step's gates, h, bias)."""
+    states = 2 * (steps + 1) * batch
+    weights = (size + hidden) * _round_up(GATES * hidden, INFERENCE_GATES_BLOCK) * F32
+    scratchpad = INFERENCE_HEADER + _pages(
+        states * good_ld(max(size, hidden)) * F32,
+        states * hidden * F32,
+        (steps if batch == 1 else 1) * batch * good_ld(GATES * hidden) * F32,
+        batch * good_ld(hidden) * F32,
+        GATES * hidden * F32,
+    )
+    return GATES * hidden * F32 + weights + scratchpad
+
+
 def _ldigo_weights(size: int, hidden: int) -> int:
     return (size + hidden) * good_ld(GATES * hidden) * F32
 
@@ -90,9 +110,11 @@ def _supported(x: torch.Tensor, mode: int) -> bool:
 @formula(aten.mkldnn_rnn_layer.default)
 def _forward(args: tuple, kwargs: dict, out: Any) -> KernelMemory | None:
     x, hidden, mode, train = args[0], args[10], args[9], args[15]
-    if not (_supported(x, mode) and train):
+    if not _supported(x, mode):
         return None
     steps, batch, size = _shape(x)
+    if not train:
+        return KernelMemory(scratch_bytes=lstm_inference_scratch_bytes(steps, batch, size, hidden))
     scratch = GATES * hidden * F32 + _ldigo_weights(size, hidden)  # bias sum, weights
     return KernelMemory(
         scratch_bytes=scratch + lstm_scratchpad_bytes(steps, batch, hidden),

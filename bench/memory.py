@@ -4,6 +4,12 @@ Llama-style decoder with 70B dimensions analysed on fake tensors.
     .venv/bin/python bench/memory.py                    # every comparison case
     .venv/bin/python bench/memory.py mlp small_cnn      # some of them
     .venv/bin/python bench/memory.py llama70b [LAYERS]  # the 70B-shaped decoder (fake)
+    OMP_NUM_THREADS=1 .venv/bin/python bench/memory.py kernels  # the kernel-memory nets
+
+"kernels" runs the nets whose CPU kernels allocate memory of their own (issue #16:
+oneDNN's LSTM workspace, convolution layout copies): 2-layer LSTMs and GRUs, small
+r3d_18, DeepLabV3 and ConvNeXt equivalents (tests/kernel_models.py), at one thread
+(oneDNN's per-thread reduction buffers are not modelled).
 
 Each comparison runs the memory pass three ways: on the real model with the measurement
 (torch.profiler on CPU, cuda.max_memory_allocated on GPU), and on the same architecture
@@ -23,6 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+import kernel_models as km  # noqa: E402  (tests/kernel_models.py)
 import models  # noqa: E402  (tests/models.py)
 
 from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options  # noqa: E402
@@ -38,6 +45,26 @@ CASES = {  # name: (maker, batch, extra shape args)
     "mlp": (models.make_mlp, 32, ()),
     "small_cnn": (models.make_small_cnn, 8, ()),
 }
+
+
+def _rnn(cell: str, **kw: Any) -> Any:
+    def make(batch: int, steps: int) -> Any:
+        return km.make_rnn(cell, batch, steps, **kw)
+
+    return make
+
+
+KERNEL_CASES = {  # 2 layers, input 64, hidden 128, 50 steps
+    "lstm": (_rnn("lstm"), 16, (50,)),
+    "lstm_batch_first": (_rnn("lstm", batch_first=True), 16, (50,)),
+    "lstm_bidirectional": (_rnn("lstm", bidirectional=True), 16, (50,)),
+    "gru": (_rnn("gru"), 16, (50,)),
+    "gru_batch_first_bidirectional": (_rnn("gru", batch_first=True, bidirectional=True), 16, (50,)),
+    "r3d_small": (km.make_r3d, 2, (8, 56)),
+    "deeplab_small": (km.make_deeplab, 2, (256,)),
+    "convnext_small": (km.make_convnext, 4, (128,)),
+}
+CASES.update(KERNEL_CASES)
 
 
 class BatchFactory(InputFactory):
@@ -70,14 +97,14 @@ def torchinfo_bytes(model: Any, inputs: Inputs) -> int:
     return int(stats.total_output_bytes + stats.total_param_bytes)
 
 
-def compare(name: str) -> dict[str, Any]:
+def compare(name: str, with_torchinfo: bool = True) -> dict[str, Any]:
     maker, batch, extra = CASES[name]
     torch.manual_seed(0)
     model, (args, kwargs) = maker(batch, *extra)
     factory = BatchFactory(maker, batch, extra)
     real = context(model, Inputs(args, kwargs, {"B": batch}), factory, Options(fake=False))
     memory_pass.run(real)
-    info = torchinfo_bytes(model, real.inputs)
+    info = torchinfo_bytes(model, real.inputs) if with_torchinfo else 0
     measured = real.results.memory_measured
     del model, real.loaded.model
     fake_mode = new_fake_mode()
@@ -105,6 +132,25 @@ def compare(name: str) -> dict[str, Any]:
 
 def _err(estimate: int | None, measured: int) -> str:
     return "-" if estimate is None else f"{(estimate - measured) / measured * 100:+.3f}%"
+
+
+def print_kernel_row(r: dict[str, Any]) -> None:
+    """Saved, training-step peak and inference forward peak: ours on the real model / on
+    the model built fake (--fake) / measured (errors)."""
+    m, real, fake = r["measured"], r["real"], r["fake"]
+    mib = 1024**2
+    cells = [
+        f"{getattr(real, key) / mib:.2f} / {getattr(fake, key) / mib:.2f} / "
+        f"{theirs / mib:.2f} ({_err(getattr(real, key), theirs)}, "
+        f"{_err(getattr(fake, key), theirs)})"
+        for key, theirs in (
+            ("saved_activation_bytes", m.saved_activation_bytes),
+            ("train_peak_bytes", m.train_peak_bytes),
+            ("forward_peak_bytes", m.forward_peak_bytes),
+        )
+    ]
+    ops = ", ".join(r["real"].unmodelled_kernel_ops) or "-"
+    print(f"| {r['name']} | {' | '.join(cells)} | {ops} |", flush=True)
 
 
 def print_row(r: dict[str, Any]) -> None:
@@ -231,6 +277,16 @@ def print_llama(r: dict[str, Any]) -> None:
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "llama70b":
         print_llama(llama70b(*(int(x) for x in argv[1:] if x.isdigit())))
+        return
+    if argv and argv[0] == "kernels":
+        print(
+            "| net | saved MiB real / fake / measured (err) | train peak MiB real / fake / "
+            "measured (err) | forward peak MiB real / fake / measured (err) "
+            "| kernels not modelled |"
+        )
+        print("|---|---|---|---|---|")
+        for name in argv[1:] or list(KERNEL_CASES):
+            print_kernel_row(compare(name, with_torchinfo=False))
         return
     print(
         "| model | torchinfo MiB | saved MiB ours real / fake / measured (err) | "

@@ -149,7 +149,7 @@ def print_kernel_row(r: dict[str, Any]) -> None:
             ("forward_peak_bytes", m.forward_peak_bytes),
         )
     ]
-    ops = ", ".join(r["real"].unmodelled_kernel_ops) or "-"
+    ops = ", ".join(getattr(r["real"], "unmodelled_kernel_ops", ["(not reported)"])) or "-"
     print(f"| {r['name']} | {' | '.join(cells)} | {ops} |", flush=True)
 
 

@@ -263,3 +263,12 @@ def test_gap_threshold():
     assert not list(memory_estimate_gap(None, report(-0.049)))
     (gap,) = memory_estimate_gap(None, report(-0.12))
     assert "training-step peak is -12.0% off" in gap.message
+
+
+def test_ops_off_the_cpu_are_named_with_their_device():
+    conv = aten.convolution.default
+    assert registry.op_name(conv, (torch.empty(1),)) == "convolution"
+    assert registry.op_name(conv, (torch.empty(1, device="meta"),)) == "convolution (meta)"
+    report = Report(memory=Memory(unmodelled_kernel_ops=["convolution_backward (cuda)"]))
+    (found,) = kernel_memory_unmodelled(None, report)
+    assert "cuDNN chooses its algorithm and workspace at run time" in found.message

@@ -153,10 +153,10 @@ class LiveTracker(TorchDispatchMode):
         kernel = kernel_memory(func, args, kwargs, out)
         if kernel is None:
             if func in UNKNOWN or func in FORMULAS:
-                self.unmodelled.add(op_name(func))
+                self.unmodelled.add(op_name(func, args))
             return None
         if kernel.partial:
-            self.unmodelled.add(op_name(func))
+            self.unmodelled.add(op_name(func, args))
         for index, nbytes in kernel.output_bytes.items():
             entry = self.entries.get(storage_key(outputs[index]))
             if entry is not None:  # a fake kernel says 0 bytes

@@ -80,8 +80,8 @@ def kernel_memory_unmodelled(ctx: Context, report: Report) -> Iterator[Finding]:
 
 
 def _run_time(ops: list[str]) -> str:
-    if any(op.startswith(("cudnn", "_cudnn", "miopen")) for op in ops):
-        return " (cuDNN/MIOpen choose their workspace at run time)"
+    if any(op.startswith(("cudnn", "_cudnn", "miopen")) or "(cuda)" in op for op in ops):
+        return " (on CUDA, cuDNN chooses its algorithm and workspace at run time)"
     return ""
 
 

@@ -4,15 +4,17 @@ Training forward: the outputs, then the bias sum (4H floats), the workspace that
 reads (kept: it is output 3, saved for backward; fake tensors make it 0 bytes), the
 weights reordered to oneDNN's ldigo layout with padded leading dimensions, and a
 scratchpad; all but the outputs are freed before the call returns. Backward: zero
-gradients for h_n and c_n when the loss does not use them, the bias sum, the weights in
-the ldgoi layout where padding changes them, the ldigo copies again and the same
+gradients for h_n and c_n when the loss does not use them, a contiguous copy of an output
+gradient that is not (a batch-first or bidirectional layer's), the bias sum, the weights
+in the ldgoi layout where padding changes them, the ldigo copies again and the same
 scratchpad. Sizes follow oneDNN's `rnn_utils` (`set_offsets`: every region starts on a
 4 KiB page; `get_good_ld`: leading dims rounded to 64 bytes and kept off multiples of
-256 elements), checked against the allocator on 144 shapes (tests/test_kernel_memory.py).
+256 elements), checked against the kernel on 144 shapes (a few in tests/test_kernel_memory.py).
 Inference (train=False): no workspace; the weights are copied with the gate dimension
 rounded up to 128, and the states go into the scratchpad, with the gates of one step (of
 every step at batch 1, where oneDNN merges the steps' GEMMs). Checked on 84 shapes, within
 80 bytes (the scratchpad is 80 bytes larger when the input and hidden sizes are equal).
+Another dtype than float32, or a GRU/RNN mode, is not modelled: the call is reported.
 """
 
 from __future__ import annotations
@@ -124,12 +126,16 @@ def _forward(args: tuple, kwargs: dict, out: Any) -> KernelMemory | None:
 
 @formula(aten.mkldnn_rnn_layer_backward.default)
 def _backward(args: tuple, kwargs: dict, out: Any) -> KernelMemory | None:
-    x, grad_hy, grad_cy, mode, hidden = args[0], args[11], args[12], args[14], args[15]
+    x, grad_y, grad_hy, grad_cy = args[0], args[10], args[11], args[12]
+    mode, hidden = args[14], args[15]
     train = args[18]
     if not (_supported(x, mode) and train):
         return None
     steps, batch, size = _shape(x)
     zeros = sum(batch * hidden * F32 for g in (grad_hy, grad_cy) if g is None)
+    # a batch-first (transposed) or bidirectional (sliced) output gradient is copied
+    if grad_y is not None and not grad_y.is_contiguous():
+        zeros += grad_y.numel() * F32
     # the bias sum and a bias copy; the clone of the bias gradient (an output) comes after
     # the scratch is freed, so it is not on top of it
     scratch = zeros + GATES * hidden * F32 + _ldgoi_weights(size, hidden)

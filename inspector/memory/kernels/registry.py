@@ -66,8 +66,16 @@ def formula(*ops: Any) -> Callable[[Formula], Formula]:
 def kernel_memory(func: Any, args: tuple, kwargs: dict, out: Any) -> KernelMemory | None:
     """The formula's answer, or None: no formula for this op, or not for this call."""
     fn = FORMULAS.get(func)
-    return fn(args, kwargs, out) if fn is not None else None
+    if fn is None:
+        return None
+    try:
+        return fn(args, kwargs, out)
+    except Exception:  # noqa: BLE001 - a formula's bug must not cost the memory section;
+        return None  # the op is then reported as not modelled
 
 
-def op_name(func: Any) -> str:
-    return str(func).removeprefix("aten.").removesuffix(".default")
+def op_name(func: Any, args: tuple = ()) -> str:
+    """`convolution`, or `convolution (cuda)` for a call on another device than the CPU."""
+    name = str(func).removeprefix("aten.").removesuffix(".default")
+    device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
+    return name if device == "cpu" else f"{name} ({device})"

@@ -159,7 +159,7 @@ class ConvNeXt(nn.Module):
     """ConvNeXt in small: the patchify stem, two stages of two blocks with a 2x2 strided
     downsample between them, pooled into a classifier."""
 
-    def __init__(self, dims: tuple[int, int] = (32, 64), classes: int = 10) -> None:
+    def __init__(self, dims: tuple[int, int] = (32, 192), classes: int = 10) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, dims[0], 4, 4), LayerNorm2d(dims[0], eps=1e-6))
         self.stage1 = nn.Sequential(ConvNeXtBlock(dims[0]), ConvNeXtBlock(dims[0]))

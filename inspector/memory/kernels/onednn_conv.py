@@ -16,12 +16,20 @@ what the peak inside the call depends on:
   and held throughout.
 A 1x1, stride-1, unpadded conv runs as a plain GEMM, with no copies.
 
-Measured byte-exact on 20 single convs and the three nets at one thread. Not modelled, so
-the call is reported: a dilation of 8 or more (oneDNN may take its GEMM implementation
-there, with per-thread im2col buffers, depending on batch and size), backward with more
-than one thread (per-thread weight-gradient reduction buffers), the small scratchpads of
-strided backward-data and depthwise backward-weights kernels (counted as 0); transposed
-convs, channels-last tensors, other dtypes and other backends are not counted at all.
+Channels-last (NHWC) tensors, as ConvNeXt's permutes leave them, are read and written in
+place; only the weights are copied: forward two weight copies and a scratchpad (a
+depthwise conv: one copy); backward data a weight copy (input channels padded) and a
+scratchpad; backward weights three weight-sized buffers besides the gradients (a
+depthwise conv: a per-channel reduction buffer of 256 x kernel floats).
+
+Measured byte-exact on 28 single convs and the three nets at one thread (the scratchpad
+sizes of the channels-last kernels are the ones measured here). Not modelled, so the call
+is reported: a strided channels-last backward (its scratchpad), a dilation of 8 or more
+(oneDNN may take its GEMM implementation there, with per-thread im2col buffers, depending
+on batch and size), backward with more than one thread (per-thread weight-gradient
+reduction buffers), the small scratchpads of strided backward-data and depthwise
+backward-weights kernels on NCHW tensors (counted as 0); transposed
+convs, 3D channels-last tensors, other dtypes and other backends are not counted at all.
 """
 
 from __future__ import annotations
@@ -41,6 +49,9 @@ F32 = 4
 FIRST_CONV_CHANNELS = 16  # oneDNN's "1st conv" kernels: fewer input channels, plain input
 SCRATCHPAD_ALIGN = 128  # what a oneDNN scratchpad adds to its content, measured
 GEMM_DILATION = 8  # from this dilation oneDNN may pick its GEMM conv (measured at batch 2)
+# channels-last kernels' scratchpads at one thread, measured: forward, backward data
+NHWC_FORWARD_SCRATCH, NHWC_BACKWARD_SCRATCH = 8216, 8344
+NHWC_DEPTHWISE_ROWS = 256  # the depthwise backward-weights buffer: channels x kernel x 256
 
 
 def _pad(n: int) -> int:
@@ -106,12 +117,47 @@ def conv_backward_scratch(
     return copied + max(0, max(data, weights) - end)
 
 
+def _depthwise(weight: torch.Tensor, groups: int) -> bool:
+    return groups > 1 and int(weight.shape[1]) == 1 and int(weight.shape[0]) == groups
+
+
+def nhwc_forward_scratch(weight: torch.Tensor, groups: int) -> int:
+    w = _nbytes(weight.shape)
+    return w if _depthwise(weight, groups) else 2 * w + NHWC_FORWARD_SCRATCH
+
+
+def nhwc_backward_scratch(x: torch.Tensor, weight: torch.Tensor, groups: int, mask: Any) -> int:
+    w, oc = _nbytes(weight.shape), int(weight.shape[0])
+    grad_in = _nbytes(x.shape) if mask[0] else 0
+    bias = oc * F32 * mask[2]
+    end = grad_in + w * mask[1] + bias
+    data = grad_in + _weights(weight, groups, False) + NHWC_BACKWARD_SCRATCH if mask[0] else 0
+    if _depthwise(weight, groups):
+        reduce = oc * math.prod(weight.shape[2:]) * NHWC_DEPTHWISE_ROWS * F32
+        partial_sums = (oc + 2) * BLOCK * F32
+        weights = grad_in + reduce + max(partial_sums + bias, 2 * bias + 2 * w)
+    else:
+        first = _first(x, groups)
+        weights = grad_in + 3 * w + _weights(weight, groups, first) + 2 * bias
+        data += w  # the forward-layout weight copy is held through the call
+    return max(0, max(data, weights * mask[1]) - end)
+
+
+def _layout(x: torch.Tensor) -> str | None:
+    """ "nchw" (contiguous), "nhwc" (2D channels-last) or None (another layout)."""
+    if x.is_contiguous():
+        return "nchw"
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+        return "nhwc"
+    return None
+
+
 def _onednn(x: torch.Tensor, weight: torch.Tensor, conv: tuple) -> bool:
     stride, padding, dilation, transposed, output_padding, groups = conv
     if x.device.type != "cpu" or x.dtype != torch.float32 or transposed:
         return False
-    if not (x.is_contiguous() and weight.is_contiguous()):
-        return False  # channels-last runs other kernels
+    if _layout(x) is None:
+        return False
     backend = torch._C._select_conv_backend(
         x, weight, None, stride, padding, dilation, transposed, output_padding, groups, None
     )
@@ -135,6 +181,8 @@ def _forward(args: tuple, kwargs: dict, out: Any) -> KernelMemory | None:
         return None
     if _pointwise(weight, stride, padding):
         return KernelMemory()
+    if _layout(x) == "nhwc":
+        return KernelMemory(nhwc_forward_scratch(weight, groups))
     scratch = conv_forward_scratch(x, weight, out.shape, groups, stride)
     return KernelMemory(scratch, partial=_gemm_possible(weight, dilation))
 
@@ -148,6 +196,9 @@ def _backward(args: tuple, kwargs: dict, out: Any) -> KernelMemory | None:
     if _pointwise(weight, stride, padding):
         return KernelMemory()
     strided = any(s > 1 for s in stride)
+    if _layout(x) == "nhwc":
+        scratch = nhwc_backward_scratch(x, weight, groups, mask)
+        return KernelMemory(scratch, partial=strided or torch.get_num_threads() > 1)
     scratch = conv_backward_scratch(grad_out, x, weight, groups, strided, mask)
     threads = mask[1] and torch.get_num_threads() > 1  # per-thread weight-gradient buffers
     return KernelMemory(scratch, partial=_gemm_possible(weight, dilation) or threads)

@@ -22,8 +22,9 @@ depthwise conv: one copy); backward data a weight copy (input channels padded) a
 scratchpad; backward weights three weight-sized buffers besides the gradients (a
 depthwise conv: a per-channel reduction buffer of 256 x kernel floats).
 
-Measured byte-exact on 28 single convs and the three nets at one thread (the scratchpad
-sizes of the channels-last kernels are the ones measured here). Not modelled, so the call
+Measured on 28 single convs at one thread: 23 byte-exact, one 256 B under (a padded bias
+copy), four the unmodelled cases below; the three nets byte-exact (the scratchpad sizes
+of the channels-last kernels are the ones measured here). Not modelled, so the call
 is reported: a strided channels-last backward (its scratchpad), a dilation of 8 or more
 (oneDNN may take its GEMM implementation there, with per-thread im2col buffers, depending
 on batch and size), backward with more than one thread (per-thread weight-gradient

@@ -22,15 +22,17 @@ depthwise conv: one copy); backward data a weight copy (input channels padded) a
 scratchpad; backward weights three weight-sized buffers besides the gradients (a
 depthwise conv: a per-channel reduction buffer of 256 x kernel floats).
 
-Measured on 28 single convs at one thread: 23 byte-exact, one 256 B under (a padded bias
-copy), four the unmodelled cases below; the three nets byte-exact (the scratchpad sizes
-of the channels-last kernels are the ones measured here). Not modelled, so the call
-is reported: a strided channels-last backward (its scratchpad), a dilation of 8 or more
-(oneDNN may take its GEMM implementation there, with per-thread im2col buffers, depending
-on batch and size), backward with more than one thread (per-thread weight-gradient
-reduction buffers), the small scratchpads of strided backward-data and depthwise
-backward-weights kernels on NCHW tensors (counted as 0); transposed
-convs, 3D channels-last tensors, other dtypes and other backends are not counted at all.
+Measured on 23 single convs at one thread (`bench/memory.py kernel-shapes`): 18 byte-exact,
+one 256 B under (a padded bias copy), three the unmodelled cases below, and a 3D first
+layer whose input requires grad 4% under in backward; the small r3d_18, DeepLabV3 and
+ConvNeXt nets byte-exact (the channels-last scratchpad sizes are the ones measured here).
+Not modelled, so the call is reported: a strided channels-last backward (its
+scratchpad), a dilation of 8 or more (oneDNN may take its GEMM implementation there, with
+per-thread im2col buffers, depending on batch and size), backward with more than one
+thread (per-thread weight-gradient reduction buffers). Counted as 0: the small
+scratchpads of strided backward-data and depthwise backward-weights kernels on NCHW
+tensors. Not counted at all, and reported: transposed convs, 3D channels-last tensors,
+other dtypes and other backends.
 """
 
 from __future__ import annotations

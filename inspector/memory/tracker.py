@@ -79,7 +79,6 @@ class LiveTracker(TorchDispatchMode):
         self.tag_backward = True  # label backward ops by their autograd node's tag
         self._gc_was_enabled = False
         self.op_count = 0  # aten ops seen: what a fake run costs, whatever the sizes
-        self.kernel_scratch_peak = 0  # the largest scratch a formula put on top of an op
         self.unmodelled: set[str] = set()  # ops whose kernel memory is not counted
 
     # Frees are seen through weakref callbacks: a tensor kept by a reference cycle would
@@ -162,7 +161,6 @@ class LiveTracker(TorchDispatchMode):
             if entry is not None:  # a fake kernel says 0 bytes
                 self.live += nbytes - entry.nbytes
                 entry.nbytes, entry.kernel_sized = nbytes, True
-        self.kernel_scratch_peak = max(self.kernel_scratch_peak, kernel.scratch_bytes)
         return kernel
 
     def _note_peak(self, label: str | None, scratch: int = 0) -> None:

@@ -308,3 +308,11 @@ def test_ops_off_the_cpu_are_named_with_their_device():
     report = Report(memory=Memory(unmodelled_kernel_ops=["convolution_backward (cuda)"]))
     (found,) = kernel_memory_unmodelled(None, report)
     assert "cuDNN chooses its algorithm and workspace at run time" in found.message
+
+
+def test_on_another_cpu_the_onednn_kernels_are_named(monkeypatch):
+    """The formulas were measured on AVX-512; on an AVX2 CPU their calls are reported."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    model, (args, _) = make_rnn("lstm", batch=2, steps=5)
+    report = _pass(model, args, measure=False)
+    assert report.memory.unmodelled_kernel_ops == ["mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"]

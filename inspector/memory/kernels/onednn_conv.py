@@ -32,7 +32,7 @@ per-thread im2col buffers, depending on batch and size), backward with more than
 thread (per-thread weight-gradient reduction buffers). Counted as 0: the small
 scratchpads of strided backward-data and depthwise backward-weights kernels on NCHW
 tensors. Not counted at all, and reported: transposed convs, 3D channels-last tensors,
-other dtypes and other backends.
+other dtypes, other backends and CPUs without AVX-512 (other channel blocks).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from inspector.memory.kernels.registry import KernelMemory, formula
+from inspector.memory.kernels.registry import KernelMemory, formula, measured_here
 
 __all__ = ["conv_forward_scratch", "conv_backward_scratch"]
 
@@ -158,6 +158,8 @@ def _layout(x: torch.Tensor) -> str | None:
 def _onednn(x: torch.Tensor, weight: torch.Tensor, conv: tuple) -> bool:
     stride, padding, dilation, transposed, output_padding, groups = conv
     if x.device.type != "cpu" or x.dtype != torch.float32 or transposed:
+        return False
+    if not measured_here():
         return False
     if _layout(x) is None:
         return False

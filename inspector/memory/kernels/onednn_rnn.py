@@ -14,7 +14,8 @@ Inference (train=False): no workspace; the weights are copied with the gate dime
 rounded up to 128, and the states go into the scratchpad, with the gates of one step (of
 every step at batch 1, where oneDNN merges the steps' GEMMs). Checked on 84 shapes, within
 80 bytes (the scratchpad is 80 bytes larger when the input and hidden sizes are equal).
-Another dtype than float32, or a GRU/RNN mode, is not modelled: the call is reported.
+Another dtype than float32, a GRU/RNN mode or a CPU without AVX-512 is not modelled: the
+call is reported.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from inspector.memory.kernels.registry import KernelMemory, formula
+from inspector.memory.kernels.registry import KernelMemory, formula, measured_here
 
 __all__ = ["lstm_workspace_bytes", "lstm_scratchpad_bytes", "lstm_inference_scratch_bytes"]
 
@@ -106,7 +107,8 @@ def _shape(x: torch.Tensor) -> tuple[int, int, int]:
 
 
 def _supported(x: torch.Tensor, mode: int) -> bool:
-    return x.device.type == "cpu" and x.dtype == torch.float32 and mode == LSTM_MODE
+    cpu = x.device.type == "cpu" and measured_here()
+    return cpu and x.dtype == torch.float32 and mode == LSTM_MODE
 
 
 @formula(aten.mkldnn_rnn_layer.default)

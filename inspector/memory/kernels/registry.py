@@ -19,7 +19,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["KernelMemory", "formula", "kernel_memory", "FORMULAS", "UNKNOWN", "op_name"]
+__all__ = [
+    "KernelMemory",
+    "formula",
+    "kernel_memory",
+    "measured_here",
+    "FORMULAS",
+    "UNKNOWN",
+    "op_name",
+]
 
 aten = torch.ops.aten
 
@@ -48,6 +56,12 @@ UNKNOWN: frozenset[Any] = frozenset(
         aten.miopen_rnn.default,
     }
 )
+
+
+def measured_here() -> bool:
+    """The oneDNN formulas were measured on an AVX-512 CPU (16-float channel blocks); on
+    another ISA oneDNN picks other blocks and kernels, so their calls are reported instead."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
 def formula(*ops: Any) -> Callable[[Formula], Formula]:

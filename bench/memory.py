@@ -4,6 +4,13 @@ Llama-style decoder with 70B dimensions analysed on fake tensors.
     .venv/bin/python bench/memory.py                    # every comparison case
     .venv/bin/python bench/memory.py mlp small_cnn      # some of them
     .venv/bin/python bench/memory.py llama70b [LAYERS]  # the 70B-shaped decoder (fake)
+    OMP_NUM_THREADS=1 .venv/bin/python bench/memory.py kernels  # the kernel-memory nets
+    OMP_NUM_THREADS=1 .venv/bin/python bench/memory.py kernel-shapes  # formulas vs kernels
+
+"kernels" runs the nets whose CPU kernels allocate memory of their own (issue #16:
+oneDNN's LSTM workspace, convolution layout copies): 2-layer LSTMs and GRUs, small
+r3d_18, DeepLabV3 and ConvNeXt equivalents (tests/kernel_models.py), at one thread
+(oneDNN's per-thread reduction buffers are not modelled).
 
 Each comparison runs the memory pass three ways: on the real model with the measurement
 (torch.profiler on CPU, cuda.max_memory_allocated on GPU), and on the same architecture
@@ -23,6 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+import kernel_models as km  # noqa: E402  (tests/kernel_models.py)
 import models  # noqa: E402  (tests/models.py)
 
 from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options  # noqa: E402
@@ -38,6 +46,26 @@ CASES = {  # name: (maker, batch, extra shape args)
     "mlp": (models.make_mlp, 32, ()),
     "small_cnn": (models.make_small_cnn, 8, ()),
 }
+
+
+def _rnn(cell: str, **kw: Any) -> Any:
+    def make(batch: int, steps: int) -> Any:
+        return km.make_rnn(cell, batch, steps, **kw)
+
+    return make
+
+
+KERNEL_CASES = {  # 2 layers, input 64, hidden 128, 50 steps
+    "lstm": (_rnn("lstm"), 16, (50,)),
+    "lstm_batch_first": (_rnn("lstm", batch_first=True), 16, (50,)),
+    "lstm_bidirectional": (_rnn("lstm", bidirectional=True), 16, (50,)),
+    "gru": (_rnn("gru"), 16, (50,)),
+    "gru_batch_first_bidirectional": (_rnn("gru", batch_first=True, bidirectional=True), 16, (50,)),
+    "r3d_small": (km.make_r3d, 2, (8, 56)),
+    "deeplab_small": (km.make_deeplab, 2, (256,)),
+    "convnext_small": (km.make_convnext, 4, (128,)),
+}
+CASES.update(KERNEL_CASES)
 
 
 class BatchFactory(InputFactory):
@@ -70,14 +98,14 @@ def torchinfo_bytes(model: Any, inputs: Inputs) -> int:
     return int(stats.total_output_bytes + stats.total_param_bytes)
 
 
-def compare(name: str) -> dict[str, Any]:
+def compare(name: str, with_torchinfo: bool = True) -> dict[str, Any]:
     maker, batch, extra = CASES[name]
     torch.manual_seed(0)
     model, (args, kwargs) = maker(batch, *extra)
     factory = BatchFactory(maker, batch, extra)
     real = context(model, Inputs(args, kwargs, {"B": batch}), factory, Options(fake=False))
     memory_pass.run(real)
-    info = torchinfo_bytes(model, real.inputs)
+    info = torchinfo_bytes(model, real.inputs) if with_torchinfo else 0
     measured = real.results.memory_measured
     del model, real.loaded.model
     fake_mode = new_fake_mode()
@@ -105,6 +133,133 @@ def compare(name: str) -> dict[str, Any]:
 
 def _err(estimate: int | None, measured: int) -> str:
     return "-" if estimate is None else f"{(estimate - measured) / measured * 100:+.3f}%"
+
+
+def print_kernel_row(r: dict[str, Any]) -> None:
+    """Saved, training-step peak and inference forward peak: ours on the real model / on
+    the model built fake (--fake) / measured (errors)."""
+    m, real, fake = r["measured"], r["real"], r["fake"]
+    mib = 1024**2
+    cells = [
+        f"{getattr(real, key) / mib:.2f} / {getattr(fake, key) / mib:.2f} / "
+        f"{theirs / mib:.2f} ({_err(getattr(real, key), theirs)}, "
+        f"{_err(getattr(fake, key), theirs)})"
+        for key, theirs in (
+            ("saved_activation_bytes", m.saved_activation_bytes),
+            ("train_peak_bytes", m.train_peak_bytes),
+            ("forward_peak_bytes", m.forward_peak_bytes),
+        )
+    ]
+    ops = ", ".join(getattr(r["real"], "unmodelled_kernel_ops", ["(not reported)"])) or "-"
+    print(f"| {r['name']} | {' | '.join(cells)} | {ops} |", flush=True)
+
+
+def op_excess(fn: Any, name: str) -> int:
+    """Bytes the first `name` call allocates on top of what it leaves allocated (the
+    profiler's allocation events inside it, nested ops included: peak minus end)."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        if event.name != name:
+            stack.extend(event.children)
+            continue
+        allocs, inner = [], list(event.children)
+        while inner:
+            child = inner.pop()
+            if child.tag == _EventType.Allocation:
+                allocs.append((child.start_time_ns, child.extra_fields.alloc_size))
+            else:
+                inner.extend(child.children)
+        live = peak = 0
+        for _, size in sorted(allocs):
+            live += size
+            peak = max(peak, live)
+        return peak - live
+    raise ValueError(f"{name} did not run")
+
+
+CONV_SHAPES = [  # (Conv2d/Conv3d args, input shape, channels-last)
+    ((3, 32, 3, 1, 1), (2, 3, 32, 32), False),
+    ((16, 32, 3, 1, 1), (2, 16, 32, 32), False),
+    ((24, 32, 3, 1, 1), (2, 24, 32, 32), False),
+    ((32, 24, 3, 1, 1), (2, 32, 32, 32), False),
+    ((32, 32, 3, 2, 1), (2, 32, 32, 32), False),
+    ((32, 64, 1, 2, 0), (2, 32, 32, 32), False),
+    ((64, 64, 3, 1, 2, 2), (2, 64, 32, 32), False),
+    ((64, 64, 3, 1, 6, 6), (2, 64, 32, 32), False),
+    ((64, 64, 3, 1, 12, 12), (2, 64, 32, 32), False),
+    ((64, 64, 3, 1, 24, 24), (2, 64, 64, 64), False),
+    ((96, 96, 7, 1, 3, 1, 96), (2, 96, 56, 56), False),
+    ((64, 64, 5, 1, 2), (2, 64, 32, 32), False),
+    ((64, 128, 3, 1, 1, 1, 2), (2, 64, 32, 32), False),
+    ((16, 16, 3, 1, 1), (2, 16, 8, 16, 16), False),
+    ((32, 64, 3, 2, 1), (2, 32, 8, 16, 16), False),
+    ((3, 64, (3, 7, 7), (1, 2, 2), (1, 3, 3)), (2, 3, 8, 32, 32), False),
+    ((32, 32, 7, 1, 3, 1, 32), (4, 32, 32, 32), True),
+    ((32, 64, 2, 2, 0), (4, 32, 32, 32), True),
+    ((32, 32, 3, 1, 1), (2, 32, 32, 32), True),
+    ((3, 32, 3, 1, 1), (2, 3, 32, 32), True),
+    ((96, 96, 7, 1, 3, 1, 96), (2, 96, 16, 16), True),
+    ((24, 32, 3, 1, 1), (2, 24, 16, 16), True),
+    ((48, 48, 7, 1, 3, 1, 48), (2, 48, 28, 28), True),
+]
+
+
+def _conv_step(conv: Any, x: torch.Tensor, r: torch.Tensor) -> Any:
+    def step() -> None:
+        (conv(x) * r).sum().backward()  # a contiguous output gradient, as from a norm
+
+    return step
+
+
+def _formulas(step: Any, registry: Any) -> dict[Any, Any]:
+    """What each op's formula says when `step` runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    found: dict[Any, Any] = {}
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            out = func(*args, **(kwargs or {}))
+            found[func] = registry.kernel_memory(func, args, kwargs or {}, out)
+            return out
+
+    with Record():
+        step()
+    return found
+
+
+def kernel_shapes() -> None:
+    """Each conv's kernel memory, formula vs the profiler, forward and backward."""
+    from torch import nn
+
+    from inspector.memory.kernels import registry
+
+    torch.set_num_threads(1)
+    print("| conv | input | layout | forward measured / formula | backward measured / formula |")
+    print("|---|---|---|---|---|")
+    for conv_args, shape, channels_last in CONV_SHAPES:
+        conv = (nn.Conv2d if len(shape) == 4 else nn.Conv3d)(*conv_args)
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        x = torch.randn(shape).to(memory_format=fmt).requires_grad_(True)
+        r = torch.randn(conv(x).shape).to(memory_format=fmt)
+        step = _conv_step(conv, x, r)
+        found = _formulas(step, registry)
+        cells = []
+        for op, name in (
+            (torch.ops.aten.convolution.default, "aten::convolution"),
+            (torch.ops.aten.convolution_backward.default, "aten::convolution_backward"),
+        ):
+            km_ = found.get(op)
+            text = "-" if km_ is None else f"{km_.scratch_bytes:,}{' (partial)' * km_.partial}"
+            cells.append(f"{op_excess(step, name):,} / {text}")
+        layout = "NHWC" if channels_last else "NCHW"
+        print(f"| {conv_args} | {list(shape)} | {layout} | {cells[0]} | {cells[1]} |", flush=True)
 
 
 def print_row(r: dict[str, Any]) -> None:
@@ -231,6 +386,19 @@ def print_llama(r: dict[str, Any]) -> None:
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "llama70b":
         print_llama(llama70b(*(int(x) for x in argv[1:] if x.isdigit())))
+        return
+    if argv and argv[0] == "kernel-shapes":
+        kernel_shapes()
+        return
+    if argv and argv[0] == "kernels":
+        print(
+            "| net | saved MiB real / fake / measured (err) | train peak MiB real / fake / "
+            "measured (err) | forward peak MiB real / fake / measured (err) "
+            "| kernels not modelled |"
+        )
+        print("|---|---|---|---|---|")
+        for name in argv[1:] or list(KERNEL_CASES):
+            print_kernel_row(compare(name, with_torchinfo=False))
         return
     print(
         "| model | torchinfo MiB | saved MiB ours real / fake / measured (err) | "

@@ -178,6 +178,7 @@ class MeasuredMemory(_Model):
     forward_peak_bytes: int | None = None
     train_peak_error: float | None = None  # (estimate - measured) / measured
     saved_activation_error: float | None = None
+    forward_peak_error: float | None = None
 
 
 class MemoryAdvice(_Model):
@@ -227,6 +228,9 @@ class Memory(_Model):
     # {str(budget_bytes): largest batch that fits}; 0 when even batch 1 does not fit
     max_batch: dict[str, int] = Field(default_factory=dict)
     measured: MeasuredMemory | None = None
+    # ops whose kernels allocate memory of their own that the estimate does not count
+    # (cuDNN's run-time workspaces, kernels no formula in inspector/memory/kernels covers)
+    unmodelled_kernel_ops: list[str] = Field(default_factory=list)
     advice: list[MemoryAdvice] = Field(default_factory=list)
     setups: list[SetupEstimate] = Field(default_factory=list)  # the same model, other set-ups
 

@@ -66,6 +66,7 @@ class TrainResult:
     saved: dict[int, tuple[int, str | None]] = field(default_factory=dict)  # key -> bytes, by
     module_outputs: dict[str, set[int]] = field(default_factory=dict)  # path -> storage keys
     module_output_bytes: dict[str, int] = field(default_factory=dict)  # path -> bytes
+    unmodelled: set[str] = field(default_factory=set)  # ops whose kernel memory is left out
 
 
 @dataclass
@@ -73,6 +74,7 @@ class ForwardResult:
     peak_bytes: int
     peak_label: str | None
     points: list[Point]
+    unmodelled: set[str] = field(default_factory=set)
 
 
 def unique_tensors(tensors: Any) -> list[torch.Tensor]:
@@ -178,6 +180,7 @@ def _tracked_step(
         saved=saved.saved,
         module_outputs=calls.outputs,
         module_output_bytes=calls.output_bytes,
+        unmodelled=set(tracker.unmodelled),
     )
 
 
@@ -192,4 +195,6 @@ def forward_run(model: nn.Module, inputs: Inputs, opts: StepOptions) -> ForwardR
             output = inputs.call(model)
             del output
             tracker.mark("(output released)")
-    return ForwardResult(tracker.peak, tracker.peak_label, tracker.timeline())
+    return ForwardResult(
+        tracker.peak, tracker.peak_label, tracker.timeline(), set(tracker.unmodelled)
+    )

@@ -3,8 +3,10 @@
 A `TorchDispatchMode` sees each aten op's outputs; a storage not seen before is a new
 allocation (views and in-place ops share their input's storage). A weak reference on the
 storage tells us when it is freed. The same code runs on real and on fake tensors, so the
-count is what the step really allocates at the op level (kernel-internal workspace is not
-visible here). On CUDA the caching allocator rounds each block up to 512 bytes; pass
+count is what the step really allocates at the op level. What a kernel allocates below
+that level (workspaces, reorders, scratchpads) comes from the per-op formulas of
+`inspector.memory.kernels`; ops whose kernel memory no formula knows are named in
+`unmodelled`. On CUDA the caching allocator rounds each block up to 512 bytes; pass
 `round_to=512` to count what `torch.cuda.memory_allocated` counts.
 """
 
@@ -18,6 +20,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from inspector.memory.kernels import FORMULAS, UNKNOWN, KernelMemory, kernel_memory, op_name
 
 __all__ = ["LiveTracker", "Point", "storage_key", "storage_bytes", "CUDA_BLOCK_BYTES"]
 
@@ -49,6 +53,7 @@ class _Entry:
     producer: str | None  # label current when the storage was created
     kind: str  # "static" (params, buffers, optimizer state), "input", "step"
     ref: Any = None
+    kernel_sized: bool = False  # its size is a kernel formula's, not the (fake) storage's
 
 
 class LiveTracker(TorchDispatchMode):
@@ -74,6 +79,7 @@ class LiveTracker(TorchDispatchMode):
         self.tag_backward = True  # label backward ops by their autograd node's tag
         self._gc_was_enabled = False
         self.op_count = 0  # aten ops seen: what a fake run costs, whatever the sizes
+        self.unmodelled: set[str] = set()  # ops whose kernel memory is not counted
 
     # Frees are seen through weakref callbacks: a tensor kept by a reference cycle would
     # die whenever the cycle collector happens to run, making peaks vary run to run. No
@@ -95,7 +101,8 @@ class LiveTracker(TorchDispatchMode):
         key = storage_key(t)
         entry = self.entries.get(key)
         if entry is not None:
-            self._maybe_resized(t, entry)
+            if not entry.kernel_sized:
+                self._maybe_resized(t, entry)
             return
         nbytes = storage_bytes(t, self.round_to)
         entry = _Entry(nbytes, producer if producer is not None else self.label, kind)
@@ -133,18 +140,36 @@ class LiveTracker(TorchDispatchMode):
                 self._last_backward = label
         out = func(*args, **(kwargs or {}))
         self.op_count += 1
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.add(t, "step", label)
-        self._note_peak(label)
+        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        for t in outputs:
+            self.add(t, "step", label)
+        kernel = self._kernel(func, args, kwargs or {}, out, outputs)
+        self._note_peak(label, kernel.scratch_bytes if kernel else 0)
         return out
 
-    def _note_peak(self, label: str | None) -> None:
-        self._window = max(self._window, self.live)
-        if self.live > self.phase_peaks.get(self.phase, -1):
-            self.phase_peaks[self.phase] = self.live
-        if self.live > self.peak:
-            self.peak, self.peak_label, self.peak_phase = self.live, label, self.phase
+    def _kernel(self, func, args, kwargs, out, outputs) -> KernelMemory | None:  # noqa: ANN001
+        """The op's kernel memory: its outputs' true sizes, and the scratch on top of them."""
+        kernel = kernel_memory(func, args, kwargs, out)
+        if kernel is None:
+            if func in UNKNOWN or func in FORMULAS:
+                self.unmodelled.add(op_name(func, args))
+            return None
+        if kernel.partial:
+            self.unmodelled.add(op_name(func, args))
+        for index, nbytes in kernel.output_bytes.items():
+            entry = self.entries.get(storage_key(outputs[index]))
+            if entry is not None:  # a fake kernel says 0 bytes
+                self.live += nbytes - entry.nbytes
+                entry.nbytes, entry.kernel_sized = nbytes, True
+        return kernel
+
+    def _note_peak(self, label: str | None, scratch: int = 0) -> None:
+        live = self.live + scratch  # scratch is live inside the op only
+        self._window = max(self._window, live)
+        if live > self.phase_peaks.get(self.phase, -1):
+            self.phase_peaks[self.phase] = live
+        if live > self.peak:
+            self.peak, self.peak_label, self.peak_phase = live, label, self.phase
             self._peak_at = len(self.points)
 
     def timeline(self) -> list[Point]:

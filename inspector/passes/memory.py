@@ -89,6 +89,10 @@ def _peaks(mem: Memory, a: Analysis) -> None:
     mem.train_peak_bytes, mem.train_peak_node = a.train.peak_bytes, a.train.peak_label
     mem.train_peak_phase = a.train.peak_phase
     mem.timeline = downsample(a.train.points)
+    inference_only = {
+        f"{op} (inference forward)" for op in a.forward.unmodelled - a.train.unmodelled
+    }
+    mem.unmodelled_kernel_ops = sorted(a.train.unmodelled | inference_only)
 
 
 def _nodes(ctx: Context, mem: Memory, a: Analysis) -> None:
@@ -253,6 +257,7 @@ def _measured(ctx: Context, mem: Memory, a: Analysis) -> None:
         forward_peak_bytes=m.forward_peak_bytes,
         train_peak_error=relative_error(mem.train_peak_bytes, m.train_peak_bytes),
         saved_activation_error=relative_error(mem.saved_activation_bytes, m.saved_activation_bytes),
+        forward_peak_error=relative_error(mem.forward_peak_bytes, m.forward_peak_bytes),
     )
     ctx.results.memory_measured = m
 

@@ -85,3 +85,66 @@ def attention_materialized(ctx: Context, report: Report) -> Iterator[Finding]:
         f"fused kernels keep no S x S matrix, saving about {format_bytes(total)} here, and "
         "it applies the 1/sqrt(d) scale.",
     )
+
+
+GAP_SHARE = 0.05  # a measured gap past this is worth a warning, whatever its cause
+
+
+@rule("kernel-memory-unmodelled", "info")
+def kernel_memory_unmodelled(ctx: Context, report: Report) -> Iterator[Finding]:
+    """Kernels that allocate memory of their own (workspaces, scratchpads, layout copies)
+    that the estimate does not count: it says which, rather than silently under-count."""
+    ops = report.memory.unmodelled_kernel_ops
+    if ops:
+        yield finding(
+            "kernel-memory-unmodelled",
+            "",
+            f"the memory estimate leaves out what these kernels allocate inside themselves: "
+            f"{', '.join(ops)}{_run_time(ops)}; the peaks may be that much higher.",
+            "Leave the real measurement on (no --no-measure, no --fake) to see the gap, and "
+            "keep headroom in the budget for it.",
+        )
+
+
+def _run_time(ops: list[str]) -> str:
+    if any(op.startswith(("cudnn", "_cudnn", "miopen")) or "(cuda)" in op for op in ops):
+        return " (on CUDA, cuDNN chooses its algorithm and workspace at run time)"
+    return ""
+
+
+@rule("memory-estimate-gap", "warning")
+def memory_estimate_gap(ctx: Context, report: Report) -> Iterator[Finding]:
+    """The report's own real measurement disagrees with the estimate by more than 5%: the
+    gap, where the estimate peaks, and the likely cause."""
+    measured = report.memory.measured
+    if measured is None:
+        return
+    gaps = [
+        (name, error)
+        for name, error in (
+            ("training-step peak", measured.train_peak_error),
+            ("saved activations", measured.saved_activation_error),
+            ("inference forward peak", measured.forward_peak_error),
+        )
+        if error is not None and abs(error) > GAP_SHARE
+    ]
+    if gaps:
+        text = ", ".join(f"the {name} is {error:+.1%} off" for name, error in gaps)
+        yield finding(
+            "memory-estimate-gap",
+            report.memory.train_peak_node or "",
+            f"measured on a real {measured.device} step ({measured.method}), {text} "
+            f"(estimate vs measured). Likely cause: {_cause(report)}.",
+            "Budget from the measured figures (memory.measured) for this model.",
+        )
+
+
+def _cause(report: Report) -> str:
+    ops = report.memory.unmodelled_kernel_ops
+    if ops:
+        return f"memory allocated inside kernels the estimate does not model ({', '.join(ops)})"
+    return (
+        "allocations below the aten-op level that no formula in inspector/memory/kernels "
+        "describes (a kernel's workspace or layout copies), or a model that runs another "
+        "path on fake tensors than on real ones"
+    )

@@ -38,7 +38,12 @@ RULE_THEMES: dict[str, tuple[str, ...]] = {
         "gradients-failed",
     ),
     "loss": ("softmax-before-cross-entropy",),
-    "memory": ("checkpoint-candidate", "attention-materialized"),
+    "memory": (
+        "checkpoint-candidate",
+        "attention-materialized",
+        "kernel-memory-unmodelled",
+        "memory-estimate-gap",
+    ),
     "modes": (
         "batchnorm-single-value",
         "batchnorm-few-values",

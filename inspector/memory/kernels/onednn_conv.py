@@ -1,0 +1,209 @@
+"""oneDNN's convolution on CPU (PyTorch's `Mkldnn` conv backend, float32, contiguous
+NCHW/NCDHW tensors). The kernel works in blocked layouts (channels in blocks of 16 on
+AVX-512), so ideep copies what it reads and writes into them and frees the copies before
+returning; the order of those copies, read off the CPU profiler's allocation events, is
+what the peak inside the call depends on:
+
+- forward: input copy S, weight copy W, output copy D; then the plain output, with D
+  still live. A first layer (fewer than 16 input channels, oneDNN's "1st conv") reads
+  its input as it is (no S). A strided 1x1 conv first gathers its strided input into a
+  scratchpad (oneDNN's "reduce to unit stride": input channels x output pixels).
+- backward, data: D (the output gradient), W, the input-gradient copy S; then the plain
+  input gradient with S live (and one more S-sized copy for a strided conv).
+- backward, weights (the input gradient kept): S, D, a weight-gradient copy and a
+  bias-gradient copy; the plain weight and bias gradients come after the frees.
+- an output gradient that is not contiguous (the backward of `.sum()`) is copied first
+  and held throughout.
+A 1x1, stride-1, unpadded conv runs as a plain GEMM, with no copies.
+
+Channels-last (NHWC) tensors, as ConvNeXt's permutes leave them, are read and written in
+place; only the weights are copied: forward two weight copies and a scratchpad (a
+depthwise conv: one copy); backward data a weight copy (input channels padded) and a
+scratchpad; backward weights three weight-sized buffers besides the gradients (a
+depthwise conv: a per-channel reduction buffer of 256 x kernel floats).
+
+Measured on 23 single convs at one thread (`bench/memory.py kernel-shapes`): 18 byte-exact,
+one 256 B under (a padded bias copy), three the unmodelled cases below, and a 3D first
+layer whose input requires grad 4% under in backward; the small r3d_18, DeepLabV3 and
+ConvNeXt nets byte-exact (the channels-last scratchpad sizes are the ones measured here).
+Not modelled, so the call is reported: a strided channels-last backward (its
+scratchpad), a dilation of 8 or more (oneDNN may take its GEMM implementation there, with
+per-thread im2col buffers, depending on batch and size), backward with more than one
+thread (per-thread weight-gradient reduction buffers). Counted as 0: the small
+scratchpads of strided backward-data and depthwise backward-weights kernels on NCHW
+tensors. Not counted at all, and reported: transposed convs, 3D channels-last tensors,
+other dtypes, other backends and CPUs without AVX-512 (other channel blocks).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from inspector.memory.kernels.registry import KernelMemory, formula, measured_here
+
+__all__ = ["conv_forward_scratch", "conv_backward_scratch"]
+
+aten = torch.ops.aten
+BLOCK = 16  # AVX-512 float32 channel block
+F32 = 4
+FIRST_CONV_CHANNELS = 16  # oneDNN's "1st conv" kernels: fewer input channels, plain input
+SCRATCHPAD_ALIGN = 128  # what a oneDNN scratchpad adds to its content, measured
+GEMM_DILATION = 8  # from this dilation oneDNN may pick its GEMM conv (measured at batch 2)
+# channels-last kernels' scratchpads at one thread, measured: forward, backward data
+NHWC_FORWARD_SCRATCH, NHWC_BACKWARD_SCRATCH = 8216, 8344
+NHWC_DEPTHWISE_ROWS = 256  # the depthwise backward-weights buffer: channels x kernel x 256
+
+
+def _pad(n: int) -> int:
+    return -(-int(n) // BLOCK) * BLOCK
+
+
+def _nbytes(shape: Any) -> int:
+    return math.prod(int(d) for d in shape) * F32
+
+
+def _blocked(shape: Any) -> int:
+    """An activation in the blocked layout: channels rounded up to the block."""
+    return _nbytes(shape) // int(shape[1]) * _pad(shape[1])
+
+
+def _weights(weight: torch.Tensor, groups: int, first: bool) -> int:
+    """The weight copy: per group, output and input channels rounded up to the block (the
+    input channels of a first layer are not); depthwise weights are blocked by group."""
+    oc, icg, kernel = int(weight.shape[0]), int(weight.shape[1]), math.prod(weight.shape[2:])
+    if groups > 1 and icg == 1 and oc == groups:
+        return _pad(groups) * kernel * F32
+    ic = icg if first else _pad(icg)
+    return groups * _pad(oc // groups) * ic * kernel * F32
+
+
+def _first(x: torch.Tensor, groups: int) -> bool:
+    return int(x.shape[1]) < FIRST_CONV_CHANNELS and groups == 1
+
+
+def _unit_stride(x: torch.Tensor, weight: torch.Tensor, out_shape: Any, stride: Any) -> int:
+    """A strided 1x1 conv's scratchpad: its input gathered at the output's pixels."""
+    if any(k != 1 for k in weight.shape[2:]) or all(s == 1 for s in stride):
+        return 0
+    return _pad(x.shape[1]) * math.prod(int(d) for d in out_shape[2:]) * F32 + SCRATCHPAD_ALIGN
+
+
+def conv_forward_scratch(
+    x: torch.Tensor, weight: torch.Tensor, out_shape: Any, groups: int, stride: Any
+) -> int:
+    first = _first(x, groups)
+    s = 0 if first else _blocked(x.shape)
+    w, d, out = _weights(weight, groups, first), _blocked(out_shape), _nbytes(out_shape)
+    gather = _unit_stride(x, weight, out_shape, stride)
+    return max(gather + s + w + d, d + out) - out
+
+
+def conv_backward_scratch(
+    grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, groups: int,
+    strided: bool, mask: Any,
+) -> int:  # fmt: skip
+    first = _first(x, groups)
+    s, d, oc = _blocked(x.shape), _blocked(grad_out.shape), int(weight.shape[0])
+    grad_in = _nbytes(x.shape) if mask[0] else 0
+    data = weights = 0
+    if mask[0]:
+        data = max(d + _weights(weight, groups, False) + s, s + grad_in + (s if strided else 0))
+    if mask[1]:
+        depthwise = groups > 1 and int(weight.shape[1]) == 1
+        reads = 0 if depthwise else d + (0 if first else s)
+        weights = grad_in + reads + _weights(weight, groups, first) + _pad(oc) * F32 * mask[2]
+    end = grad_in + _nbytes(weight.shape) * mask[1] + oc * F32 * mask[2]
+    copied = 0 if grad_out.is_contiguous() else _nbytes(grad_out.shape)
+    return copied + max(0, max(data, weights) - end)
+
+
+def _depthwise(weight: torch.Tensor, groups: int) -> bool:
+    return groups > 1 and int(weight.shape[1]) == 1 and int(weight.shape[0]) == groups
+
+
+def nhwc_forward_scratch(weight: torch.Tensor, groups: int) -> int:
+    w = _nbytes(weight.shape)
+    return w if _depthwise(weight, groups) else 2 * w + NHWC_FORWARD_SCRATCH
+
+
+def nhwc_backward_scratch(x: torch.Tensor, weight: torch.Tensor, groups: int, mask: Any) -> int:
+    w, oc = _nbytes(weight.shape), int(weight.shape[0])
+    grad_in = _nbytes(x.shape) if mask[0] else 0
+    bias = oc * F32 * mask[2]
+    end = grad_in + w * mask[1] + bias
+    data = grad_in + _weights(weight, groups, False) + NHWC_BACKWARD_SCRATCH if mask[0] else 0
+    if _depthwise(weight, groups):
+        reduce = oc * math.prod(weight.shape[2:]) * NHWC_DEPTHWISE_ROWS * F32
+        partial_sums = (oc + 2) * BLOCK * F32
+        weights = grad_in + reduce + max(partial_sums + bias, 2 * bias + 2 * w)
+    else:
+        first = _first(x, groups)
+        weights = grad_in + 3 * w + _weights(weight, groups, first) + 2 * bias
+        data += w  # the forward-layout weight copy is held through the call
+    return max(0, max(data, weights * mask[1]) - end)
+
+
+def _layout(x: torch.Tensor) -> str | None:
+    """ "nchw" (contiguous), "nhwc" (2D channels-last) or None (another layout)."""
+    if x.is_contiguous():
+        return "nchw"
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+        return "nhwc"
+    return None
+
+
+def _onednn(x: torch.Tensor, weight: torch.Tensor, conv: tuple) -> bool:
+    stride, padding, dilation, transposed, output_padding, groups = conv
+    if x.device.type != "cpu" or x.dtype != torch.float32 or transposed:
+        return False
+    if not measured_here():
+        return False
+    if _layout(x) is None:
+        return False
+    backend = torch._C._select_conv_backend(
+        x, weight, None, stride, padding, dilation, transposed, output_padding, groups, None
+    )
+    return backend == torch._C._ConvBackend.Mkldnn
+
+
+def _pointwise(weight: torch.Tensor, stride: Any, padding: Any) -> bool:
+    ones = all(k == 1 for k in weight.shape[2:]) and all(s == 1 for s in stride)
+    return ones and not any(padding)
+
+
+def _gemm_possible(weight: torch.Tensor, dilation: Any) -> bool:
+    dims = zip(weight.shape[2:], dilation, strict=False)
+    return any(k > 1 and d >= GEMM_DILATION for k, d in dims)
+
+
+@formula(aten.convolution.default)
+def _forward(args: tuple, kwargs: dict, out: Any) -> KernelMemory | None:
+    x, weight, _, stride, padding, dilation, transposed, output_padding, groups = args
+    if not _onednn(x, weight, (stride, padding, dilation, transposed, output_padding, groups)):
+        return None
+    if _pointwise(weight, stride, padding):
+        return KernelMemory()
+    if _layout(x) == "nhwc":
+        return KernelMemory(nhwc_forward_scratch(weight, groups))
+    scratch = conv_forward_scratch(x, weight, out.shape, groups, stride)
+    return KernelMemory(scratch, partial=_gemm_possible(weight, dilation))
+
+
+@formula(aten.convolution_backward.default)
+def _backward(args: tuple, kwargs: dict, out: Any) -> KernelMemory | None:
+    grad_out, x, weight, _, stride, padding, dilation, transposed, output_padding = args[:9]
+    groups, mask = args[9], args[10]
+    if not _onednn(x, weight, (stride, padding, dilation, transposed, output_padding, groups)):
+        return None
+    if _pointwise(weight, stride, padding):
+        return KernelMemory()
+    strided = any(s > 1 for s in stride)
+    if _layout(x) == "nhwc":
+        scratch = nhwc_backward_scratch(x, weight, groups, mask)
+        return KernelMemory(scratch, partial=strided or torch.get_num_threads() > 1)
+    scratch = conv_backward_scratch(grad_out, x, weight, groups, strided, mask)
+    threads = mask[1] and torch.get_num_threads() > 1  # per-thread weight-gradient buffers
+    return KernelMemory(scratch, partial=_gemm_possible(weight, dilation) or threads)

@@ -19,10 +19,12 @@ stacked to 4 layers against a real 4-layer one, node for node.
 from __future__ import annotations
 
 import copy
+import json
 import re
+from pathlib import Path
 from typing import Any
 
-__all__ = ["stack_blocks", "ADDITIVE"]
+__all__ = ["stack_blocks", "tiny_llama_report", "ADDITIVE", "TINY_LLAMA"]
 
 # Measures of a module that are sums over what it holds.
 ADDITIVE = ("params", "trainable_params", "param_bytes", "flops_forward", "flops_backward")
@@ -166,3 +168,24 @@ def _grow_sums(out: Json, blocks: str, added: list[Json]) -> None:
     for key, by_dtype in (("params", "params_by_dtype"), ("param_bytes", "param_bytes_by_dtype")):
         if len(totals.get(by_dtype) or {}) == 1:  # one dtype: it grows with the total
             totals[by_dtype] = dict.fromkeys(totals[by_dtype], totals[key])
+
+
+# The Llama-3-70B preset's code at a toy width: 64 hidden, 4 heads (2 for keys/values).
+TINY_LLAMA = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "vocab_size": 256, "max_position_embeddings": 256, "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "dtype": "bfloat16",
+}  # fmt: skip
+
+
+def tiny_llama_report(folder: Path, layers: int, passes: set[str] | None = None) -> dict:
+    """The JSON report of a `layers`-layer tiny Llama on fake tensors, at B=1, S=16."""
+    from inspector.analyze import inspect_model
+    from inspector.context import Options
+
+    path = folder / f"llama{layers}.json"
+    path.write_text(json.dumps({**TINY_LLAMA, "num_hidden_layers": layers}))
+    spec = json.dumps({"dims": {"B": 1, "S": 16}})
+    report = inspect_model(str(path), spec, Options(passes=passes or {"graph"}, fake=True))
+    return report.model_dump(mode="json")

@@ -227,7 +227,7 @@ const MGIGraphModel = (() => {
   function boxItem(model, path, parent) {
     const g = model.groups.get(path);
     if (g.fold) {
-      return { id: `m:${path}`, kind: "box", path, where: path, parent: parent === null ? null : `m:${parent}`, fold: true,
+      return { id: `m:${path}`, kind: "box", path, where: path, parent: parent === null ? null : `m:${parent}`,
         title: g.fold.label, subtitle: `${MGIFolds.rangeName(g.fold)} · ${g.count} nodes`, type: g.type,
         measure: model.measures.perGroup.get(path) };
     }
@@ -242,7 +242,7 @@ const MGIGraphModel = (() => {
     const g = model.groups.get(path);
     const title = g.fold ? `${MGIFolds.rangeName(g.fold)} · ${g.fold.label}` : `${relativeName(path, parent)} · ${g.type || "module"}`;
     return { id: `m:${path}`, kind: "group", path, where: path, parent: parent === null ? null : `m:${parent}`,
-      depth: chain.length, fold: !!g.fold, title, type: g.type, measure: model.measures.perGroup.get(path) };
+      depth: chain.length, title, type: g.type, measure: model.measures.perGroup.get(path) };
   }
 
   function nodeItem(model, n, parent) {

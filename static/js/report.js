@@ -53,7 +53,7 @@
         : (m.path === "" ? null : (m.path.includes(".") ? m.path.slice(0, m.path.lastIndexOf(".")) : ""));
       link(row, parentPath === null || parentPath === m.path ? null : rows.get(parentPath));
     }
-    return { top, byPath: rows, foldRows };
+    return { top, byPath: rows };
   }
 
   function foldRow(fold, rows) {
@@ -130,7 +130,7 @@
   function columns(view, leafRows) {
     const num = (title, field, formatter, tip) => ({ title, field, hozAlign: "right", sorter: "number", formatter, headerHozAlign: "right", minWidth: 96, widthGrow: 1, headerTooltip: tip || title });
     const first = view === "modules"
-      ? [{ title: "Module", field: "label", frozen: true, minWidth: 180, widthGrow: 2, formatter: (c) => `<span title="${escapeHtml(c.getRow().getData().path)}">${escapeHtml(c.getValue())}</span>` },
+      ? [{ title: "Module", field: "label", frozen: true, minWidth: folds.size ? 250 : 180, widthGrow: 2, formatter: (c) => `<span title="${escapeHtml(c.getRow().getData().path)}">${escapeHtml(c.getValue())}</span>` },
         { title: "Path", field: "path", visible: false, formatter: textCell }]
       : [{ title: "Node", field: "name", frozen: true, minWidth: 160, widthGrow: 2, formatter: textCell },
         { title: "Op", field: "op", minWidth: 110, widthGrow: 1, headerFilter: "input", headerFilterPlaceholder: "filter" },

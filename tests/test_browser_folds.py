@@ -128,6 +128,10 @@ def test_a_fold_opens_into_its_blocks_and_closes_again(page, server, slug_12):
     open_page(page, server, slug_12)
     page.locator("#graph").scroll_into_view_if_needed()
     double_click(page, f"m:{FOLD_12}")
+    # The fold's row is selected in the table above, which grows: the graph moves down.
+    page.wait_for_function(
+        f"MGIReport.tables.modules.getSelectedData().map(r => r.path).join() == '{FOLD_12}'"
+    )
     groups = [g["title"] for g in visible(page, "group")]
     assert groups[-1] == "layers.0–11 · LlamaDecoderLayer × 12"
     blocks = [b["title"] for b in visible(page, "box") if b["title"].startswith("layers.")]
@@ -145,11 +149,6 @@ def test_a_fold_opens_into_its_blocks_and_closes_again(page, server, slug_12):
     double_click(page, f"m:{FOLD_12}")  # the open fold's frame: close it
     titles = [b["title"] for b in visible(page, "box")]
     assert "LlamaDecoderLayer × 12" in titles and "layers.0" not in titles
-    # Selecting the folded box selects its row in the module table.
-    page.evaluate(f"{G}.select('m:{FOLD_12}', {{ notify: true }})")
-    page.wait_for_function(
-        f"MGIReport.tables.modules.getSelectedData().map(r => r.path).join() == '{FOLD_12}'"
-    )
     assert "Blocks\tlayers.0–11 (12 alike)" in page.inner_text("#report-graph [data-role='info']")
 
 

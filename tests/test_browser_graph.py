@@ -206,6 +206,11 @@ def test_gpt2_opens_as_its_blocks(page, server, gpt2_slug):
     shot(page, "graph-gpt2.png")
     click_item(page, item_id(page, "GPT2Block × 2"), double=True)
     wait_layouts(page, 2)
+    # Its row is selected too (the table above grows: wait before aiming the next click).
+    page.wait_for_function(
+        "MGIReport.tables.modules.getSelectedData().map(r => r.path).join() == 'transformer.h.0..1'"
+    )
+    page.wait_for_selector("#table-modules .tabulator-row.tabulator-selected")
     assert items(page, "box") == ["h.0", "h.1"]
     assert items(page, "group")[-1] == "h.0–1 · GPT2Block × 2"
     click_item(page, item_id(page, "h.0"), double=True)

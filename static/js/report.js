@@ -336,11 +336,22 @@
     let painted = false;
     graph = MGIGraph.mount(el, report, {
       filename: `graph-${data.slug}`, folds: data.folds,
-      onSelect: (item) => { if (isRow(item.where)) focusWhere(item.where, { scroll: false, table: tableOf(item) }); },
+      onSelect: (item) => { if (isRow(item.where)) steady(() => focusWhere(item.where, { scroll: false, table: tableOf(item) })); },
       onShowInTable: (item) => (isRow(item.where) ? focusWhere(item.where, { table: tableOf(item) }) : MGI.toast(`"${item.where}" is not a row of the table`)),
       onRender: () => { if (!painted) { painted = true; performance.mark("mgi:graph"); } },
     });
     window.MGIReport.graph = graph;
+  }
+
+  function steady(change) {
+    // The table above the graph grows when a row is opened for the graph's selection: scroll
+    // by as much, so the graph stays under the pointer (the second click of a double-click).
+    const graphEl = $("graph");
+    const top = graphEl.getBoundingClientRect().top;
+    const keep = () => window.scrollBy(0, graphEl.getBoundingClientRect().top - top);
+    const done = change();
+    keep();
+    return Promise.resolve(done).then(keep);
   }
 
   async function showInGraph(where) {

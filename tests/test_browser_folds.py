@@ -21,8 +21,9 @@ playwright = pytest.importorskip("playwright.sync_api")
 G = "document.getElementById('report-graph').mgiGraph"
 FOLD_80, FOLD_12 = "model.layers.0..79", "model.layers.0..11"
 # The 70B page's target is 1.5 s from navigation to the table, charts and graph drawn
-# (bench/RESULTS.md: ~0.5 s here before folding, ~0.4 s after). Asserted with room for a
-# loaded 2-core machine; a page that laid out the 80 blocks at start takes 5 s or more.
+# (bench/RESULTS.md: the real 70B report 1.4 s with the machine loaded, 0.6 s quiet).
+# Asserted with room for a loaded 2-core machine; a page that opened the 80 blocks at
+# start did not finish in 30 s here.
 TARGET_S = 1.5
 LOADED_MACHINE = 2.0
 

@@ -199,12 +199,22 @@ def test_colour_by_switches_the_fills_and_the_legend(page, server, resnet_slug):
 
 def test_gpt2_opens_as_its_blocks(page, server, gpt2_slug):
     open_graph(page, server, gpt2_slug)
-    assert items(page, "box") == ["h.0", "h.1"]
+    # The two blocks are alike (inspector.repeats): one box until it is opened.
+    assert items(page, "box") == ["GPT2Block × 2"]
     assert items(page, "group") == ["transformer · GPT2Model", "h · ModuleList"]
     assert "[B, S, 64] f32" in edge_labels(page)  # symbolic dims on the edges
     shot(page, "graph-gpt2.png")
-    click_item(page, item_id(page, "h.0"), double=True)
+    click_item(page, item_id(page, "GPT2Block × 2"), double=True)
     wait_layouts(page, 2)
+    # Its row is selected too (the table above grows: wait before aiming the next click).
+    page.wait_for_function(
+        "MGIReport.tables.modules.getSelectedData().map(r => r.path).join() == 'transformer.h.0..1'"
+    )
+    page.wait_for_selector("#table-modules .tabulator-row.tabulator-selected")
+    assert items(page, "box") == ["h.0", "h.1"]
+    assert items(page, "group")[-1] == "h.0–1 · GPT2Block × 2"
+    click_item(page, item_id(page, "h.0"), double=True)
+    wait_layouts(page, 3)
     assert {"ln_1", "attn", "ln_2", "mlp"} <= set(items(page, "box") + items(page, "node"))
     assert "[B, S, 64] f32" in edge_labels(page)
     shot(page, "graph-gpt2-block-open.png")
@@ -258,8 +268,9 @@ def test_hook_capture_is_chained_in_call_order(page, server):
 
 def test_5000_nodes_start_collapsed(page, server):
     open_graph(page, server, server.insert(synthetic_report(5000), name="5000 nodes"))
-    # 1,000 blocks of 5 nodes in one ModuleList: opening it would exceed the 60-item start.
-    assert items(page, "box") == ["layers"]
+    # 1,000 alike blocks of 5 nodes in one ModuleList: one folded box, which stays closed.
+    assert items(page, "box") == ["Block × 1000"]
+    assert items(page, "group") == ["layers · ModuleList"]
     assert items(page, "node") == ["x", "output"]
     assert page.inner_text("#report-graph [data-role='status']").startswith("5002 nodes")
     page.fill("#report-graph [data-role='search']", "layers.999.fc2")

@@ -99,17 +99,21 @@ def test_sort_and_filter_the_node_table(page, server, small_slug):
 def test_expand_and_collapse_the_module_tree(page, server):
     slug = server.insert(synthetic_report(50), name="stack of 10 blocks")
     open_report(page, server, slug)
-    # Open at start: the root, `layers`, and its 10 blocks (collapsed).
-    assert column(page, "label") == ["(root)", "layers"] + [str(i) for i in range(10)]
-    block = page.locator("#table-modules .tabulator-row", has_text="Block").nth(3)
+    # Open at start: the root, `layers`, and its 10 alike blocks folded into one row.
+    assert column(page, "label") == ["(root)", "layers", "Block × 10"]
+    fold = page.locator("#table-modules .tabulator-row", has_text="Block × 10")
+    fold.locator(".tabulator-data-tree-control").click()
+    assert column(page, "label") == ["(root)", "layers", "Block × 10"] + [str(i) for i in range(10)]
+    block = page.locator("#table-modules .tabulator-row", has_text="Block").nth(4)  # after the fold
     block.locator(".tabulator-data-tree-control").click()
     labels = column(page, "label")
-    assert labels[5:10] == ["3", "norm", "fc1", "act", "fc2"]  # layers.3 and its 4 children
+    assert labels[6:11] == ["3", "norm", "fc1", "act", "fc2"]  # layers.3 and its 4 children
     block.locator(".tabulator-data-tree-control").click()
-    assert len(column(page, "label")) == 12
+    assert len(column(page, "label")) == 13
     page.fill("#table-search", "layers.7.fc2")
-    page.wait_for_function("document.querySelectorAll('#table-modules .tabulator-row').length == 4")
-    assert column(page, "label") == ["(root)", "layers", "7", "fc2"]  # the match and its ancestors
+    page.wait_for_function("document.querySelectorAll('#table-modules .tabulator-row').length == 5")
+    # the match and its ancestors, the fold among them
+    assert column(page, "label") == ["(root)", "layers", "Block × 10", "7", "fc2"]
 
 
 def test_finding_jumps_to_its_row(page, server):

@@ -238,6 +238,20 @@ def test_large_report_page_renders(site):
     assert card.group(1) == "3.00 GiB"  # 3 * GIB, formatted
 
 
+def test_report_page_carries_the_folds_of_its_blocks(site):
+    slug = add(site, synthetic_report(50), name="10 blocks")
+    html = site[0].get(f"/r/{slug}").text
+    data = json.loads(unescape(re.search(r'id="page-data">(.*?)</script>', html).group(1)))
+    [fold] = data["folds"]
+    assert fold["id"] == "layers.0..9" and fold["label"] == "Block × 10"
+    assert fold["paths"] == [f"layers.{i}" for i in range(10)]
+    # A block of width 64: norm 2*64, fc1 64*256 + 256, fc2 256*64 + 64: 33,216 params
+    assert fold["per_block"]["params"] == 2 * 64 + 64 * 256 + 256 + 256 * 64 + 64 == 33_216
+    assert fold["total"]["params"] == 10 * 33_216
+    assert '<script src="/static/js/folds.js"></script>' in html
+    assert site[0].get("/static/js/folds.js").status_code == 200
+
+
 def test_listing_needs_an_identity_when_auth_is_on(tmp_path):
     from fastapi.testclient import TestClient
     from pages_data import small_report

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from inspector.repeats import find_folds
 from inspector.report import Finding, Report
 from inspector.schema.figures import FIGURES
 from inspector.schema.findings import SEVERITIES, rules_of
@@ -21,6 +22,7 @@ __all__ = [
     "severity_counts",
     "numeric_findings",
     "report_context",
+    "folds_of",
 ]
 
 NUMERIC_RULES = rules_of("numerics")  # the findings the health panel lists
@@ -87,6 +89,12 @@ def numeric_findings(report: Report) -> list[Finding]:
     return [f for f in report.findings if f.rule in NUMERIC_RULES]
 
 
+def folds_of(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs of identical blocks the module table and the graph fold, as JSON."""
+    folds = find_folds(raw.get("modules") or [], raw.get("nodes") or [])
+    return [fold.as_json() for fold in folds]
+
+
 def report_context(report: Report, raw: dict[str, Any]) -> dict[str, Any]:
     """What report.html needs besides the job: `report` is slim, `raw` the whole JSON."""
     nodes = raw.get("nodes") or []
@@ -99,4 +107,5 @@ def report_context(report: Report, raw: dict[str, Any]) -> dict[str, Any]:
         "has_stats": any(n.get("stats") for n in nodes),
         "has_rows": bool(nodes or raw.get("modules")),
         "budgets": ACCELERATOR_BUDGETS,
+        "folds": folds_of(raw),
     }

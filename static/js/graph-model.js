@@ -1,6 +1,8 @@
 /* The graph view's data model, no DOM: the module hierarchy over the report's nodes, which
    modules are drawn as one box, the edges between what is visible (with the tensor shapes
-   that cross each boundary), measures for colouring, and the A/B diff for the compare page. */
+   that cross each boundary), measures for colouring, and the A/B diff for the compare page.
+   Runs of identical blocks (`options.folds`, from the server) are one more level of the
+   hierarchy: "GPT2Block × 12" holds the blocks, and opens into them. */
 "use strict";
 const MGIGraphModel = (() => {
   const DTYPES = { float32: "f32", float16: "f16", bfloat16: "bf16", float64: "f64", int64: "i64",
@@ -34,10 +36,12 @@ const MGIGraphModel = (() => {
     if (hooks) nodes = leafCalls(nodes);
     const byId = new Map(nodes.map((n) => [n.id, n]));
     const groups = findGroups(nodes, moduleInfo, all);
-    const owner = new Map(nodes.map((n) => [n.id, groupChain(n.module_path || "", groups)]));
+    const folds = MGIFolds.index(options.folds);
+    const owner = new Map(nodes.map((n) => [n.id, groupChain(n.module_path || "", groups, folds)]));
+    addFolds(groups, folds, owner);
     const edges = hooks ? callOrderEdges(nodes, byId) : inputEdges(nodes, byId);
     const byName = new Map(nodes.map((n) => [n.name, n]));
-    const model = { report, nodes, byId, byName, groups, owner, edges, moduleInfo, hooks };
+    const model = { report, nodes, byId, byName, groups, folds, owner, edges, moduleInfo, hooks };
     model.measures = measures(model);
     return model;
   }
@@ -80,7 +84,36 @@ const MGIGraphModel = (() => {
     return groups;
   }
 
-  const groupChain = (path, groups) => ancestors(path).filter((p) => groups.has(p));
+  function groupChain(path, groups, folds) {
+    // The groups holding `path`, outermost first; a block's fold comes before the block.
+    const chain = [];
+    for (const p of ancestors(path)) {
+      const fold = folds.ofBlock.get(p);
+      if (fold) chain.push(fold.id);
+      if (groups.has(p)) chain.push(p);
+    }
+    return chain;
+  }
+
+  function addFolds(groups, folds, owner) {
+    // A fold is a group of the nodes of its blocks (only folds that hold nodes are drawn).
+    const count = new Map();
+    for (const chain of owner.values()) for (const p of chain) if (folds.byId.has(p)) count.set(p, (count.get(p) || 0) + 1);
+    for (const [id, c] of count) {
+      const fold = folds.byId.get(id);
+      groups.set(id, { path: id, type: fold.type, count: c, fold, info: { params: fold.total.params } });
+    }
+  }
+
+  /** The groups from the outermost down to `path` itself (a module path or a fold id). */
+  function chainOf(model, path) {
+    const fold = model.folds.byId.get(path);
+    if (fold) return [...groupChain(fold.parent, model.groups, model.folds), path];
+    return groupChain(path, model.groups, model.folds);
+  }
+
+  /** Whether group `path` lies inside group `outer` (or is it). */
+  const within = (model, path, outer) => path === outer || chainOf(model, path).includes(outer);
 
   function inputEdges(nodes, byId) {
     const edges = [];
@@ -127,8 +160,8 @@ const MGIGraphModel = (() => {
     const node = nodeByName.get(where);
     const targets = node ? [node] : model.nodes.filter((n) => ATOMIC_OPS.has(n.op) && n.module_path === where);
     for (const n of targets) perNode.get(n.id).findings.push(f);
-    const chain = node ? model.owner.get(node.id) : groupChain(where, model.groups);
-    for (const p of chain) perGroup.get(p).findings.push(f);
+    const chain = node ? model.owner.get(node.id) : chainOf(model, where);
+    for (const p of chain) if (perGroup.has(p)) perGroup.get(p).findings.push(f);
   }
 
   function severityOf(list) {
@@ -182,6 +215,7 @@ const MGIGraphModel = (() => {
   }
 
   function relativeName(path, parent) {
+    if (parent && parent.includes("..")) parent = null;  // a fold's id: its blocks are "h.3"
     const rest = parent && path.startsWith(`${parent}.`) ? path.slice(parent.length + 1) : path;
     const parts = rest.split(".");
     const last = parts[parts.length - 1];
@@ -192,24 +226,32 @@ const MGIGraphModel = (() => {
 
   function boxItem(model, path, parent) {
     const g = model.groups.get(path);
+    if (g.fold) {
+      return { id: `m:${path}`, kind: "box", path, where: path, parent: parent === null ? null : `m:${parent}`,
+        title: g.fold.label, subtitle: `${MGIFolds.rangeName(g.fold)} · ${g.count} nodes`, type: g.type,
+        measure: model.measures.perGroup.get(path) };
+    }
     return { id: `m:${path}`, kind: "box", path, where: path, parent: parent === null ? null : `m:${parent}`,
       title: relativeName(path, parent), subtitle: `${g.type || "module"} · ${g.count} nodes`, type: g.type,
       measure: model.measures.perGroup.get(path) };
   }
 
   function groupItem(model, path) {
-    const chain = groupChain(parentPath(path), model.groups);
-    const parent = chain.length ? chain[chain.length - 1] : null;
+    const chain = chainOf(model, path);
+    const parent = chain.length > 1 ? chain[chain.length - 2] : null;
     const g = model.groups.get(path);
+    const title = g.fold ? `${MGIFolds.rangeName(g.fold)} · ${g.fold.label}` : `${relativeName(path, parent)} · ${g.type || "module"}`;
     return { id: `m:${path}`, kind: "group", path, where: path, parent: parent === null ? null : `m:${parent}`,
-      title: `${relativeName(path, parent)} · ${g.type || "module"}`, type: g.type, measure: model.measures.perGroup.get(path) };
+      depth: chain.length, title, type: g.type, measure: model.measures.perGroup.get(path) };
   }
 
   function nodeItem(model, n, parent) {
     // A node standing for a module of its own (fx call_module, a hook call, the one op of a
     // leaf module) is named after that module; other nodes by their graph name.
     const path = n.module_path || "";
-    const own = path && path !== parent && (parent === null || path.startsWith(`${parent}.`));
+    const fold = model.folds.byId.get(parent);  // a block's own node, right in its fold
+    const inBlock = (p) => path === p || path.startsWith(`${p}.`);
+    const own = path && path !== parent && (parent === null || (fold ? fold.paths.some(inBlock) : path.startsWith(`${parent}.`)));
     const title = own ? relativeName(path, parent) : n.name;
     const op = shortTarget(n);
     const subtitle = n.op === "placeholder" ? "input" : n.op === "output" ? "output"
@@ -228,6 +270,7 @@ const MGIGraphModel = (() => {
       const total = v.items.filter((i) => i.kind !== "group").length;
       for (const box of boxes) {
         const g = model.groups.get(box.path);
+        if (g.fold) continue;  // a run of blocks stays folded until asked
         const scope = box.parent ? model.groups.get(box.parent.slice(2)).count : model.nodes.length;
         if (!(CONTAINERS.has(g.type) || g.count > scope / 2)) continue;
         const inside = childCount(model, expanded, box.path);
@@ -251,7 +294,7 @@ const MGIGraphModel = (() => {
   function pathTo(model, where) {
     const node = model.byName.get(where);
     if (node) return { groups: model.owner.get(node.id), id: `n:${node.id}` };
-    const chain = groupChain(where, model.groups);
+    const chain = chainOf(model, where);
     if (model.groups.has(where)) return { groups: chain.slice(0, -1), id: `m:${where}` };
     const holder = model.nodes.find((n) => n.module_path === where || (n.module_path || "").startsWith(`${where}.`));
     if (holder) return { groups: model.owner.get(holder.id), id: `n:${holder.id}` };
@@ -291,6 +334,6 @@ const MGIGraphModel = (() => {
     return other.groups.has(item.path) ? { kind: "box", path: item.path } : null;
   }
 
-  return { build, view, initialExpanded, pathTo, diffMarks, keyOf, severityOf, tensorLabel, ancestors, parentPath };
+  return { build, view, initialExpanded, pathTo, within, diffMarks, keyOf, severityOf, tensorLabel, ancestors, parentPath };
 })();
 if (typeof module !== "undefined") module.exports = MGIGraphModel;

@@ -53,7 +53,7 @@ const MGIGraphStyle = (() => {
   }
 
   // --- elements -----------------------------------------------------------------------------
-  function depthOf(item) { return item.path ? item.path.split(".").length : 0; }
+  function depthOf(item) { return item.depth ?? (item.path ? item.path.split(".").length : 0); }
 
   function elements(v, pos, state) {
     const out = [];
@@ -166,9 +166,12 @@ const MGIGraphStyle = (() => {
     } else {
       const g = model.groups.get(item.path);
       const info = g.info || {};
-      rows.push(["Module", item.path], ["Type", g.type || "-"], ["Nodes", String(g.count)]);
+      if (g.fold) rows.push(["Blocks", `${MGIFolds.rangeName(g.fold)} (${g.fold.paths.length} alike)`]);
+      else rows.push(["Module", item.path]);
+      rows.push(["Type", g.type || "-"], ["Nodes", String(g.count)]);
       if (info.output_shapes) rows.push(["Outputs", MGI.formatShapes(info.output_shapes)]);
-      if (info.params !== undefined) rows.push(["Params", MGI.formatCount(info.params)]);
+      if (info.params !== undefined && info.params !== null) rows.push(["Params", MGI.formatCount(info.params)]);
+      if (g.fold) rows.push(["Params a block", MGI.formatCount(g.fold.per_block.params)]);
     }
     rows.push(["FLOPs", MGI.formatCount(m.flops || 0)], ["Saved", MGI.formatBytes(m.saved || 0)]);
     if (m.grad !== null && m.grad !== undefined) rows.push(["Grad norm", m.grad.toPrecision(3)]);

@@ -59,7 +59,7 @@ const MGIGraph = (() => {
   function mount(root, report, options = {}) {
     performance.mark("mgi:graph-mount");
     const q = (role) => root.querySelector(`[data-role='${role}']`);
-    const state = { model: M.build(report), expanded: null, measure: "kind", query: "", marks: new Map(),
+    const state = { model: M.build(report, { folds: options.folds }), expanded: null, measure: "kind", query: "", marks: new Map(),
       token: 0, cy: null, view: null, layouts: 0 };
     state.expanded = M.initialExpanded(state.model);
     const listeners = { select: options.onSelect || (() => {}), toggle: options.onToggle || (() => {}),
@@ -146,7 +146,7 @@ const MGIGraph = (() => {
     function setExpanded(path, open) {
       if (!state.model.groups.has(path) || state.expanded.has(path) === open) return false;
       if (open) state.expanded.add(path);
-      else for (const p of [...state.expanded]) if (p === path || p.startsWith(`${path}.`)) state.expanded.delete(p);
+      else for (const p of [...state.expanded]) if (M.within(state.model, p, path)) state.expanded.delete(p);
       return true;
     }
     function toggle(path, open) {

@@ -1,4 +1,6 @@
-/* The report page: module tree / node table (Tabulator), findings that jump to rows, actions. */
+/* The report page: module tree / node table (Tabulator), findings that jump to rows, actions.
+   Runs of identical blocks fold into one row ("GPT2Block × 12": totals, and each block's
+   numbers) that opens into the blocks. */
 "use strict";
 (() => {
   performance.mark("mgi:start");
@@ -11,7 +13,8 @@
   const problemVerdicts = new Set((data || {}).problem_verdicts || []);  // inspector.schema.findings
   const gradVerdict = new Map(((report.gradients || {}).layers || []).map((g) => [g.module_path, g.verdict]));
   const nodeNames = new Set((report.nodes || []).map((n) => n.name));
-  const modulePaths = new Set((report.modules || []).map((m) => m.path));
+  const folds = MGIFolds.index((data || {}).folds);
+  const modulePaths = new Set((report.modules || []).map((m) => m.path).concat([...folds.byId.keys()]));
 
   // --- rows ---------------------------------------------------------------------------
   function flagsOf(where, extra) {
@@ -35,15 +38,37 @@
       });
     }
     const top = [];
+    const link = (row, parent) => (parent ? (parent._children = parent._children || []).push(row) : top.push(row));
+    const foldRows = new Map();
     for (const m of report.modules || []) {
       const row = rows.get(m.path);
+      const fold = folds.ofBlock.get(m.path);
+      if (fold) {
+        // The fold's row takes the place of its first block; the blocks go inside it.
+        if (!foldRows.has(fold.id)) { foldRows.set(fold.id, foldRow(fold, rows)); link(foldRows.get(fold.id), rows.get(fold.parent)); }
+        link(row, foldRows.get(fold.id));
+        continue;
+      }
       const parentPath = m.parent !== undefined && m.parent !== null ? m.parent
         : (m.path === "" ? null : (m.path.includes(".") ? m.path.slice(0, m.path.lastIndexOf(".")) : ""));
-      const parent = parentPath === null || parentPath === m.path ? null : rows.get(parentPath);
-      if (parent) (parent._children = parent._children || []).push(row);
-      else top.push(row);
+      link(row, parentPath === null || parentPath === m.path ? null : rows.get(parentPath));
     }
     return { top, byPath: rows };
+  }
+
+  function foldRow(fold, rows) {
+    const blocks = fold.paths.map((p) => rows.get(p)).filter(Boolean);
+    const first = blocks[0] || {};
+    const t = fold.total, each = fold.per_block;
+    const grads = blocks.map((b) => b.grad_norm).filter((g) => g !== null && g !== undefined);
+    const flags = new Map();
+    for (const b of blocks) for (const f of b.flags) flags.set(`${f.sev}:${f.text}`, f);
+    return {
+      path: fold.id, label: fold.label, type: fold.type, inputs: first.inputs, outputs: first.outputs, dtype: first.dtype,
+      params: t.params, flops: t.flops_forward, out_bytes: t.output_bytes, saved_bytes: t.saved_activation_bytes,
+      grad_norm: grads.length ? Math.max(...grads) : null, calls: t.calls, location: first.location, flags: [...flags.values()],
+      _fold: fold, _each: { params: each.params, flops: each.flops_forward, out_bytes: each.output_bytes, saved_bytes: each.saved_activation_bytes },
+    };
   }
 
   const tensorShape = (t) => (t.sym_shape || t.shape || []);
@@ -71,6 +96,17 @@
   }
 
   // --- formatters -----------------------------------------------------------------------
+  function perBlock(format) {
+    // A fold's row: the total over its blocks, and under it one block's number.
+    return (cell) => {
+      const row = cell.getRow().getData();
+      const text = format(cell);
+      if (!row._fold) return text;
+      const one = row._each[cell.getField()];
+      const each = one === null || one === undefined ? "blocks differ" : `${cell.getField().endsWith("bytes") ? MGI.formatBytes(one) : MGI.formatCount(one)} each`;
+      return `<span class="fold-total">${text}</span><span class="fold-each">${each}</span>`;
+    };
+  }
   const count = (cell) => MGI.formatCount(cell.getValue());
   const grad = (cell) => { const v = cell.getValue(); return v === null || v === undefined ? "" : v.toPrecision(3); };
   function flags(cell) {
@@ -96,7 +132,7 @@
   function columns(view, leafRows) {
     const num = (title, field, formatter, tip) => ({ title, field, hozAlign: "right", sorter: "number", formatter, headerHozAlign: "right", minWidth: 96, widthGrow: 1, headerTooltip: tip || title });
     const first = view === "modules"
-      ? [{ title: "Module", field: "label", frozen: true, minWidth: 180, widthGrow: 2, formatter: (c) => `<span title="${escapeHtml(c.getRow().getData().path)}">${escapeHtml(c.getValue())}</span>` },
+      ? [{ title: "Module", field: "label", frozen: true, minWidth: folds.size ? 250 : 180, widthGrow: 2, formatter: (c) => `<span title="${escapeHtml(c.getRow().getData().path)}">${escapeHtml(c.getValue())}</span>` },
         { title: "Path", field: "path", visible: false, formatter: textCell }]
       : [{ title: "Node", field: "name", frozen: true, minWidth: 160, widthGrow: 2, formatter: textCell },
         { title: "Op", field: "op", minWidth: 110, widthGrow: 1, headerFilter: "input", headerFilterPlaceholder: "filter" },
@@ -107,9 +143,9 @@
       { title: "Input shapes", field: "inputs", minWidth: 110, widthGrow: 2, formatter: textCell },
       { title: "Output shapes", field: "outputs", minWidth: 110, widthGrow: 2, formatter: textCell },
       { title: "Dtype", field: "dtype", minWidth: 84, widthGrow: 1, formatter: textCell },
-      num("Params", "params", count), num("FLOPs", "flops", count),
-      num("Output", "out_bytes", heat(maxOf(leafRows, "out_bytes")), "Output bytes"),
-      num("Saved", "saved_bytes", heat(maxOf(leafRows, "saved_bytes")), "Bytes saved for backward"),
+      num("Params", "params", perBlock(count)), num("FLOPs", "flops", perBlock(count)),
+      num("Output", "out_bytes", perBlock(heat(maxOf(leafRows, "out_bytes"))), "Output bytes"),
+      num("Saved", "saved_bytes", perBlock(heat(maxOf(leafRows, "saved_bytes"))), "Bytes saved for backward"),
       num("Grad norm", "grad_norm", grad, "Norm of the gradient w.r.t. the output"),
       { title: "Location", field: "location", minWidth: 100, widthGrow: 1, visible: false, formatter: textCell },
       { title: "Flags", field: "flags", minWidth: 110, widthGrow: 2, formatter: flags, sorter: (a, b) => (a || []).length - (b || []).length },
@@ -134,7 +170,8 @@
       modules = moduleRows();
       rows = modules.top;
       leaves = [...modules.byPath.values()].filter((r) => !r._children);
-      options = { dataTree: true, dataTreeStartExpanded: (row, level) => level < 2, dataTreeChildIndent: 14, index: "path" };
+      const startOpen = (row, level) => level < 2 && !row.getData()._fold;  // a fold opens when asked
+      options = { dataTree: true, dataTreeStartExpanded: startOpen, dataTreeChildIndent: 14, index: "path" };
     } else {
       rows = nodeRows();
       leaves = rows;
@@ -188,13 +225,11 @@
     const keep = new Set();
     for (const [path, row] of modules.byPath) {
       if (!rowMatches(row, q, flaggedOnly)) continue;
-      for (let p = path; !keep.has(p); p = parentOf(p)) { keep.add(p); if (p === "") break; }
+      for (let p = path; p !== null && !keep.has(p); p = folds.treeParent(p)) keep.add(p);
     }
     t.setFilter((row) => keep.has(row.path));
     if (keep.size < 400) expandPaths(keep);
   }
-
-  const parentOf = (path) => (path.includes(".") ? path.slice(0, path.lastIndexOf(".")) : "");
 
   function expandPaths(paths) {
     const walk = (rows) => rows.forEach((r) => {
@@ -247,7 +282,7 @@
   function expandTo(path) {
     // Open each ancestor from the root down to the module's row.
     const chain = [];
-    for (let p = path; ; p = parentOf(p)) { chain.unshift(p); if (p === "") break; }
+    for (let p = path; p !== null; p = folds.treeParent(p)) chain.unshift(p);
     let rows = tables.modules.getRows();
     let found = null;
     for (const p of chain) {
@@ -302,12 +337,23 @@
     if (!el || typeof MGIGraph === "undefined") return;
     let painted = false;
     graph = MGIGraph.mount(el, report, {
-      filename: `graph-${data.slug}`,
-      onSelect: (item) => { if (isRow(item.where)) focusWhere(item.where, { scroll: false, table: tableOf(item) }); },
+      filename: `graph-${data.slug}`, folds: data.folds,
+      onSelect: (item) => { if (isRow(item.where)) steady(() => focusWhere(item.where, { scroll: false, table: tableOf(item) })); },
       onShowInTable: (item) => (isRow(item.where) ? focusWhere(item.where, { table: tableOf(item) }) : MGI.toast(`"${item.where}" is not a row of the table`)),
       onRender: () => { if (!painted) { painted = true; performance.mark("mgi:graph"); } },
     });
     window.MGIReport.graph = graph;
+  }
+
+  function steady(change) {
+    // The table above the graph grows when a row is opened for the graph's selection: scroll
+    // by as much, so the graph stays under the pointer (the second click of a double-click).
+    const graphEl = $("graph");
+    const top = graphEl.getBoundingClientRect().top;
+    const keep = () => window.scrollBy(0, graphEl.getBoundingClientRect().top - top);
+    const done = change();
+    keep();
+    return Promise.resolve(done).then(keep);
   }
 
   async function showInGraph(where) {

@@ -40,6 +40,7 @@ class Options:
     measure: bool = True  # measure real memory when not fake (costs one real step)
     export: str = DEFAULT_EXPORT  # export readiness: EXPORT_LEVELS
     serving: bool | None = None  # serving memory; None: on for presets/configs of decoder LMs
+    parallel: list[str] = field(default_factory=list)  # --parallel plans (schema/parallel.py)
     # overrides of the health thresholds (inspector.health.thresholds.DEFAULTS)
     thresholds: dict[str, float] = field(default_factory=dict)
 

@@ -1,0 +1,188 @@
+"""FSDP2 on fake tensors: the real `fully_shard` code, one tracked training step, as one
+rank of a fake world of any size.
+
+Wrapping follows torchtitan: `fully_shard` on each repeated block (the model's blocks, as
+the checkpointing advice finds them) and then on the root. The step is the memory
+pass's step (inspector.memory.step): optimizer state resident, forward, loss, backward,
+optimizer.step(), zero_grad(set_to_none=True). Everything FSDP2 allocates is an aten op
+the tracker sees (all-gather outputs, the reduce-scatter input and output, the copy-in
+buffers), except its storage resizes, which `storage_resizes` reports.
+
+Heaviest rank: FSDP2 shards each parameter on dim 0 in chunks of ceil(dim0 / N) rows,
+rank 0 first, and pads every rank's shard (and the reduce-scatter output) to the full
+chunk: ranks hold the same padded storages, and rank 0 the largest unpadded optimizer
+state. Rank 0 is the heaviest, so it is the rank run.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+
+from inspector.context import Inputs
+from inspector.distributed.inflight import IN_FLIGHT, collectives_in_flight
+from inspector.distributed.rankmemory import RankMemory
+from inspector.distributed.shardtracker import ShardTracker, local, storage_resizes
+from inspector.distributed.world import fake_world
+from inspector.memory.advice import blocks
+from inspector.memory.labels import module_labels, tag_graph
+from inspector.memory.loss import compute_loss
+from inspector.memory.optimizer import make_optimizer, state_bytes_of
+from inspector.memory.saved import SavedTracker
+from inspector.memory.shadow import fake_shadow
+from inspector.memory.step import StepOptions, unique_tensors, warm_up
+from inspector.memory.tracker import storage_key
+from inspector.schema.parallel import PlanSpec
+
+__all__ = ["fsdp_rank_memory", "shard_units", "PARAM_DTYPES"]
+
+PARAM_DTYPES = {"float32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def shard_units(model: nn.Module) -> list[str]:
+    """Paths of the modules `fully_shard` wraps before the root: the repeated blocks."""
+    return [path for path, _ in blocks(model) if path]
+
+
+def fsdp_rank_memory(
+    model: nn.Module,
+    inputs: Inputs,
+    opts: StepOptions,
+    spec: PlanSpec,
+    rank: int = 0,
+    in_flight: int = IN_FLIGHT,
+) -> RankMemory:
+    """Rank `rank`'s memory in one FSDP2 training step of `model` (a fake copy is run)."""
+    fake_mode = opts.fake_mode
+    with fake_world(spec.world_size, rank) as mesh, fake_mode:
+        shadow = fake_shadow(model, fake_mode)
+        paths = _shard(shadow, mesh, spec)
+        shadow.train()
+        trainable = [p for p in unique_tensors(shadow.parameters()) if p.requires_grad]
+        optimizer = make_optimizer(opts.optimizer, trainable)
+        warm_up(optimizer, trainable)
+        with collectives_in_flight(in_flight):
+            out = _tracked_step(shadow, inputs, opts, optimizer, trainable)
+    out.strategy, out.world_size, out.rank = spec.text, spec.world_size, rank
+    out.units = len(paths) + 1
+    out.comm_bytes = _largest_unit_comm(shadow, paths, spec)
+    return out
+
+
+def _shard(model: nn.Module, mesh: Any, spec: PlanSpec) -> list[str]:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    dtype = PARAM_DTYPES.get(str(spec.options.get("param_dtype", "")))
+    kwargs: dict[str, Any] = {
+        "mesh": mesh,
+        "reshard_after_forward": bool(spec.options.get("reshard", True)),
+    }
+    if dtype is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+    paths = shard_units(model)
+    for path in paths:
+        fully_shard(model.get_submodule(path), **kwargs)
+    # the root gathers its own parameters (embeddings, head) and never reshards them
+    # after forward: it is needed at once by the backward
+    fully_shard(model, **{**kwargs, "reshard_after_forward": False})
+    return paths
+
+
+def _autocast(opts: StepOptions) -> Any:
+    if opts.autocast is None:
+        return nullcontext()
+    return torch.autocast(device_type=opts.device, dtype=opts.autocast)
+
+
+def _locals(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return unique_tensors(local(t) for t in tensors)
+
+
+def _tracked_step(
+    model: nn.Module,
+    inputs: Inputs,
+    opts: StepOptions,
+    optimizer: torch.optim.Optimizer | None,
+    trainable: list[nn.Parameter],
+) -> RankMemory:
+    tracker = ShardTracker(round_to=opts.round_to)
+    params, buffers = _locals(list(model.parameters())), _locals(list(model.buffers()))
+    tracker.add_all(params + buffers, "static", "(parameters)")
+    tracker.add_all(inputs.tensors(), "input", "(input)")
+    state = [v for s in (optimizer.state.values() if optimizer else []) for v in s.values()]
+    tracker.add_all(_locals([v for v in state if isinstance(v, torch.Tensor)]), "static")
+    # gathered parameters are saved by the ops that use them, but FSDP frees them after
+    # forward: they are not activations (tracker.unsharded grows as FSDP gathers)
+    exclude = tracker.unsharded
+    exclude.update(storage_key(t) for t in params + buffers)
+    with tracker, storage_resizes(tracker), module_labels(model, tracker, tag=True):
+        with SavedTracker(tracker, exclude) as saved, _autocast(opts):
+            tracker.label = None
+            output = inputs.call(model)
+            tracker.label = "(loss)"
+            loss = compute_loss(opts.loss_fn, output, inputs)
+            tag_graph(loss, "(loss)")
+            del output
+        tracker.set_phase("backward")
+        loss.backward()
+        grads = _locals([p.grad for p in trainable if p.grad is not None])
+        tracker.set_phase("optimizer")
+        tracker.label = "(optimizer.step)"
+        if optimizer is not None:
+            optimizer.step()
+        for p in trainable:
+            p.grad = None
+    return RankMemory(
+        strategy="",
+        world_size=0,
+        rank=0,
+        peak_bytes=tracker.peak,
+        peak_phase=tracker.peak_phase,
+        peak_label=tracker.peak_label,
+        param_bytes=sum(t.untyped_storage().nbytes() for t in params),
+        grad_bytes=sum(t.untyped_storage().nbytes() for t in grads),
+        optimizer_bytes=_local_state_bytes(optimizer),
+        input_bytes=tracker.bytes_where("input"),
+        saved_activation_bytes=saved.total_bytes,
+        comm_bytes=0,
+    )
+
+
+def _local_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
+    if optimizer is None:
+        return 0
+    seen: dict[int, int] = {}
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                t = local(value)
+                seen[storage_key(t)] = t.untyped_storage().nbytes()
+    return sum(seen.values()) if seen else state_bytes_of(optimizer)
+
+
+def _largest_unit_comm(model: nn.Module, paths: list[str], spec: PlanSpec) -> int:
+    """The largest unit's all-gather output plus its reduce-scatter input, by hand:
+    every parameter padded to N chunks of ceil(dim0 / N) rows, in the gathered dtype."""
+    dtype = PARAM_DTYPES.get(str(spec.options.get("param_dtype", "")))
+    owned: dict[str, list[torch.Tensor]] = {p: [] for p in ["", *paths]}
+    for name, p in model.named_parameters():
+        owner = max((u for u in owned if _inside(name, u)), key=len)
+        owned[owner].append(p)
+    n = spec.world_size
+
+    def unit_bytes(ps: list[torch.Tensor]) -> int:
+        total = 0
+        for p in ps:
+            rows = p.shape[0] if p.dim() else 1
+            padded = -(-rows // n) * n * (p.numel() // max(rows, 1))
+            total += padded * (dtype or p.dtype).itemsize
+        return total
+
+    return 2 * max((unit_bytes(ps) for ps in owned.values()), default=0)
+
+
+def _inside(name: str, path: str) -> bool:
+    return path == "" or name.startswith(path + ".")

@@ -8,7 +8,7 @@ same step on a fake copy sharded `world_size` ways.
 from __future__ import annotations
 
 from inspector.distributed.ddp import ddp_rank_memory
-from inspector.distributed.fsdp import fsdp_rank_memory
+from inspector.distributed.fsdp import fsdp_heaviest
 from inspector.distributed.rankmemory import RankMemory
 from inspector.memory.analysis import Analysis
 from inspector.memory.step import unique_tensors
@@ -30,4 +30,4 @@ def rank_memory(spec: PlanSpec, model: object, a: Analysis) -> RankMemory:
             "FSDP runs on fake tensors and this model only runs on real ones; "
             "the DDP figure still applies per rank"
         )
-    return fsdp_rank_memory(model, a.inputs, a.opts, spec)
+    return fsdp_heaviest(model, a.inputs, a.opts, spec)

@@ -77,6 +77,8 @@ def _add_analysis(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=DEVICES)
     p.add_argument("--fake", action="store_true", help="fake tensors: no weights allocated")
     p.add_argument("--serving", choices=SERVING_CHOICES, help="serving memory (default auto)")
+    p.add_argument("--parallel", action="append", default=[], metavar="STRATEGY:N",
+                   help="per-rank memory on N ranks (fsdp:8, ddp:4); repeatable")  # fmt: skip
 
 
 def _add_gates(p: argparse.ArgumentParser) -> None:
@@ -187,6 +189,7 @@ def _form(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.device,
         "fake": "true" if args.fake else None,
         "serving": args.serving,
+        "parallel": args.parallel or None,
     }
 
 

@@ -172,6 +172,9 @@ def create_report(
     serving: str = Form(
         DEFAULT_SERVING, description="serving memory: auto (decoder LM presets/configs), on, off"
     ),
+    parallel: list[str] = Form(
+        [], description="per-rank plans, e.g. fsdp:8 or ddp:4,bucket_mb=50; repeated or ;-separated"
+    ),
 ) -> CreatedReport:
     """Upload a model (and its input) to be inspected; returns the report's links."""
     settings: Settings = request.app.state.settings
@@ -180,7 +183,7 @@ def create_report(
     tag_dict = parse_tags(tags)
     options = parse_options(
         optimizer=optimizer, dtype=dtype, device=device, fake=fake, budget=budget,
-        default_device=settings.device, export=export, serving=serving,
+        default_device=settings.device, export=export, serving=serving, parallel=parallel,
     )  # fmt: skip
     with ExitStack() as stack:
         if preset:

@@ -14,6 +14,7 @@ from inspector.schema.options import (
     optimizer_choice,
     serving_choice,
 )
+from inspector.schema.parallel import parse_plan
 from inspector.units import parse_size
 from server.api.errors import ApiError
 
@@ -61,6 +62,7 @@ def parse_options(
     default_device: str,
     export: str = DEFAULT_EXPORT,
     serving: str = DEFAULT_SERVING,
+    parallel: list[str] | None = None,
 ) -> dict[str, Any]:
     """The options the job child hands to `inspector.analyze` (names of `Options` fields)."""
     try:
@@ -70,10 +72,18 @@ def parse_options(
             "device": device_choice(device or default_device),
             "export": export_level(export),
             "serving": serving_choice(serving),
+            "parallel": _plans(parallel or []),
         }
     except OptionError as exc:
         raise _invalid(str(exc)) from None
     return {**chosen, "fake": fake, "budgets_bytes": _budgets(budget)}
+
+
+def _plans(fields: list[str]) -> list[str]:
+    """`--parallel` plans in their normal form; a field may hold several, `;`-separated
+    (a plan's own options are comma-separated)."""
+    texts = [t for field in fields for t in field.replace("\n", ";").split(";") if t.strip()]
+    return [parse_plan(t).text for t in texts]
 
 
 def _budgets(text: str | None) -> list[int]:

@@ -2,7 +2,8 @@
 rank of a fake world of any size.
 
 Wrapping follows torchtitan: `fully_shard` on each repeated block (the model's blocks, as
-the checkpointing advice finds them) and then on the root. The step is the memory
+the checkpointing advice finds them) and then on the root; `checkpoint=true` also runs
+each block under non-reentrant activation checkpointing. The step is the memory
 pass's step (inspector.memory.step): optimizer state resident, forward, loss, backward,
 optimizer.step(), zero_grad(set_to_none=True). Everything FSDP2 allocates is an aten op
 the tracker sees (all-gather outputs, the reduce-scatter input and output, the copy-in
@@ -30,6 +31,7 @@ from inspector.distributed.rankmemory import RankMemory
 from inspector.distributed.shardtracker import ShardTracker, local, storage_resizes
 from inspector.distributed.world import fake_world
 from inspector.memory.advice import blocks
+from inspector.memory.checkpointing import checkpointed
 from inspector.memory.labels import module_labels, tag_graph
 from inspector.memory.loss import compute_loss
 from inspector.memory.optimizer import make_optimizer, state_bytes_of
@@ -94,7 +96,8 @@ def fsdp_rank_memory(
         trainable = [p for p in unique_tensors(shadow.parameters()) if p.requires_grad]
         optimizer = make_optimizer(opts.optimizer, trainable)
         warm_up(optimizer, trainable)
-        with collectives_in_flight(in_flight):
+        recompute = paths if spec.options.get("checkpoint") else []
+        with collectives_in_flight(in_flight), checkpointed(shadow, recompute):
             out = _tracked_step(shadow, inputs, opts, optimizer, trainable)
     out.strategy, out.world_size, out.rank = spec.text, spec.world_size, rank
     out.units = len(paths) + 1

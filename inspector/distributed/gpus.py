@@ -28,8 +28,14 @@ class GpuCount:
     per_rank_peak_bytes: int | None  # measured at `gpus`
 
 
-def fewest_gpus(peak_at: Callable[[int], int], budgets: list[int], sharded: bool) -> list[GpuCount]:
-    """`peak_at(n)`: the heaviest rank's peak at world size n (runs are cached)."""
+def fewest_gpus(
+    peak_at: Callable[[int], int],
+    budgets: list[int],
+    sharded: bool,
+    line: tuple[int, int] = LINE_SIZES,
+) -> list[GpuCount]:
+    """`peak_at(n)`: the heaviest rank's peak at world size n (runs are cached); `line`:
+    the two world sizes the FSDP line goes through."""
     runs: dict[int, int] = {}
 
     def peak(n: int) -> int:
@@ -39,7 +45,7 @@ def fewest_gpus(peak_at: Callable[[int], int], budgets: list[int], sharded: bool
 
     if not sharded:
         return [GpuCount(b, 1 if peak(1) <= b else None, peak(1)) for b in budgets]
-    lo, hi = LINE_SIZES
+    lo, hi = line
     per_rank = (peak(lo) - peak(hi)) / (1 / lo - 1 / hi)  # sharded bytes, all ranks
     fixed = peak(hi) - per_rank / hi
     return [_smallest(peak, b, fixed, per_rank) for b in budgets]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from inspector.context import Context
-from inspector.distributed.gpus import fewest_gpus
+from inspector.distributed.gpus import LINE_SIZES, fewest_gpus
 from inspector.distributed.plan import rank_memory
 from inspector.distributed.rankmemory import RankMemory
 from inspector.memory import scaling
@@ -35,15 +35,29 @@ def run(ctx: Context) -> None:
         return
     _, section.batch_per_rank = scaling.batch_size_of(ctx.factory, ctx.inputs)
     budgets = sorted(set(ACCELERATOR_BUDGETS) | set(ctx.options.budgets_bytes))
-    section.plans = [_plan(ctx, s, a, budgets) for s in specs]
+    runs = _Runs(ctx, a)
+    section.plans = [_plan(runs, s, budgets) for s in specs]
     for spec in _strategies(specs):
-        _gpus(ctx, section, spec, a, budgets)
+        _gpus(runs, section, spec, budgets)
     section.seconds = round(time.perf_counter() - start, 3)
 
 
-def _plan(ctx: Context, spec: PlanSpec, a: Analysis, budgets: list[int]) -> ParallelPlan:
+class _Runs:
+    """Each plan run once: the GPUs-needed search reuses the asked plans' runs."""
+
+    def __init__(self, ctx: Context, a: Analysis) -> None:
+        self.ctx, self.a = ctx, a
+        self.done: dict[str, RankMemory] = {}
+
+    def __call__(self, spec: PlanSpec) -> RankMemory:
+        if spec.text not in self.done:
+            self.done[spec.text] = rank_memory(spec, self.ctx.model, self.a)
+        return self.done[spec.text]
+
+
+def _plan(runs: _Runs, spec: PlanSpec, budgets: list[int]) -> ParallelPlan:
     try:
-        m = rank_memory(spec, ctx.model, a)
+        m = runs(spec)
     except Exception as exc:  # one plan failing keeps the others
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return _failed(spec, f"{type(exc).__name__}: {first}")
@@ -88,14 +102,14 @@ def _name(spec: PlanSpec) -> str:
     return spec.text.replace(f":{spec.world_size}", "", 1)
 
 
-def _gpus(
-    ctx: Context, section: Distributed, spec: PlanSpec, a: Analysis, budgets: list[int]
-) -> None:
+def _gpus(runs: _Runs, section: Distributed, spec: PlanSpec, budgets: list[int]) -> None:
     def peak_at(n: int) -> int:
-        return rank_memory(spec.with_world_size(n), ctx.model, a).peak_bytes
+        return runs(spec.with_world_size(n)).peak_bytes
 
     try:
-        counts = fewest_gpus(peak_at, budgets, sharded=spec.strategy == "fsdp")
+        # through the asked world size (already run) and 8 times it
+        line = (spec.world_size, 8 * spec.world_size) if spec.world_size > 1 else LINE_SIZES
+        counts = fewest_gpus(peak_at, budgets, spec.strategy == "fsdp", line)
     except Exception as exc:
         section.notes.append(f"GPUs needed for {_name(spec)}: {type(exc).__name__}: {exc}")
         return

@@ -6,6 +6,7 @@ form and the API read a plan spec the same way.
     fsdp:8                         FSDP2: fully_shard per repeated block + root
     fsdp:8,reshard=false           keep the gathered parameters from forward to backward
     fsdp:8,param_dtype=bf16        MixedPrecisionPolicy(param_dtype=bf16), grads reduced in it
+    fsdp:8,checkpoint=true         activation checkpointing of every block, as torchtitan does
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ MAX_WORLD_SIZE = 65536
 DEFAULT_BUCKET_MB = 25  # DistributedDataParallel(bucket_cap_mb=25)
 _PARAM_DTYPES = {"float32": "float32", "fp32": "float32", "bf16": "bf16", "bfloat16": "bf16",
                  "fp16": "fp16", "float16": "fp16"}  # fmt: skip
-_KEYS = {"ddp": ("bucket_mb",), "fsdp": ("reshard", "param_dtype")}
+_KEYS = {"ddp": ("bucket_mb",), "fsdp": ("reshard", "param_dtype", "checkpoint")}
 
 
 @dataclass(frozen=True)
@@ -68,12 +69,13 @@ def _option(strategy: str, pair: str, text: str) -> tuple[str, str | int | bool]
         raise OptionError(
             f"parallel plan {text!r}: {strategy} takes {', '.join(_KEYS[strategy])}, not {key!r}"
         )
-    if key == "reshard" and value in ("true", "false"):
+    if key in ("reshard", "checkpoint") and value in ("true", "false"):
         return key, value == "true"
     if key == "param_dtype" and value in _PARAM_DTYPES:
         return key, _PARAM_DTYPES[value]
     if key == "bucket_mb" and value.isdigit() and int(value) > 0:
         return key, int(value)
-    expected = {"reshard": "true or false", "param_dtype": "bf16, fp16 or float32",
+    expected = {"reshard": "true or false", "checkpoint": "true or false",
+                "param_dtype": "bf16, fp16 or float32",
                 "bucket_mb": "a whole number of MB"}[key]  # fmt: skip
     raise OptionError(f"parallel plan {text!r}: {key} must be {expected}, not {value!r}")

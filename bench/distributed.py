@@ -1,9 +1,9 @@
 """Per-rank training memory, predicted from one process vs measured under torchrun (CPU,
-gloo), for DDP and FSDP2; torch's FSDPMemTracker on the same model for comparison.
+gloo), for DDP, ZeRO-1 and FSDP2; torch's FSDPMemTracker on the same model for comparison.
 
     .venv/bin/python bench/distributed.py                      # mlp, ddp + fsdp, 2 ranks, 3 runs
     .venv/bin/python bench/distributed.py --nproc 4 --runs 5
-    .venv/bin/python bench/distributed.py --plans fsdp fsdp,reshard=false --json out.json
+    .venv/bin/python bench/distributed.py --plans zero1 fsdp,reshard=false --json out.json
 
 Each run is a fresh `torchrun --standalone` of this file in `--worker` mode: every rank
 builds the model, wraps it (DDP, or `fully_shard` per block + root), and runs STEPS
@@ -63,7 +63,7 @@ def loss_of(out: torch.Tensor) -> torch.Tensor:
 def _wrap(model: nn.Module, spec: Any) -> nn.Module:
     import torch.distributed as dist
 
-    if spec.strategy == "ddp":
+    if spec.strategy in ("ddp", "zero1"):
         cap = int(spec.options.get("bucket_mb", 25))
         # init_sync=False: every rank built the same weights (same seed); rank 0's
         # broadcast buffer would be freed on gloo's thread, unseen by the allocator meter
@@ -74,6 +74,16 @@ def _wrap(model: nn.Module, spec: Any) -> nn.Module:
 
     _shard(model, init_device_mesh("cpu", (dist.get_world_size(),)), spec)
     return model
+
+
+def _optimizer(model: nn.Module, spec: Any) -> Any:
+    if spec.strategy == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(
+            list(model.parameters()), optimizer_class=torch.optim.AdamW, lr=1e-3
+        )
+    return torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
 def _step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor) -> None:
@@ -109,11 +119,11 @@ def worker(plan: str, out: str) -> None:
     tensors: list[int] = []
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         model = _wrap(make_mlp(), spec)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        optimizer = _optimizer(model, spec)
         x = mlp_input()
         for i in range(STEPS):
             with record_function(f"bench.step{i}"):
-                if i < WARM or spec.strategy == "ddp":
+                if i < WARM or spec.strategy != "fsdp":
                     _step(model, optimizer, x)
                 else:
                     tensors.append(_tensor_peak(model, optimizer, x))
@@ -170,7 +180,8 @@ def predict(plan: str) -> dict[str, Any]:
     """Our heaviest rank, and FSDPMemTracker's peak (FSDP), on fake tensors."""
     from inspector.context import Inputs
     from inspector.distributed.ddp import ddp_rank_memory
-    from inspector.distributed.fsdp import fsdp_rank_memory
+    from inspector.distributed.fsdp import fsdp_heaviest
+    from inspector.distributed.zero import zero1_rank_memory
     from inspector.memory.shadow import fake_inputs, fake_shadow, new_fake_mode
     from inspector.memory.step import StepOptions, train_step, unique_tensors
     from inspector.schema.parallel import parse_plan
@@ -187,8 +198,11 @@ def predict(plan: str) -> dict[str, Any]:
             train_step(shadow, inputs, opts), unique_tensors(shadow.parameters()), spec
         )
         tracker = None
+    elif spec.strategy == "zero1":
+        ours = zero1_rank_memory(model, inputs, opts, spec)
+        tracker = None
     else:
-        ours = fsdp_rank_memory(model, inputs, opts, spec)
+        ours = fsdp_heaviest(model, inputs, opts, spec)
         tracker = fsdp_mem_tracker_peak(spec)
     return {
         "ours": ours.peak_bytes,

@@ -21,6 +21,7 @@ from inspector.distributed.fsdp import (
     shard_units,
 )
 from inspector.distributed.gpus import fewest_gpus
+from inspector.distributed.zero import zero1_rank_memory
 from inspector.memory.shadow import fake_inputs, fake_shadow, new_fake_mode
 from inspector.memory.step import StepOptions, train_step, unique_tensors
 from inspector.schema.options import OptionError
@@ -49,6 +50,7 @@ def test_plan_grammar() -> None:
         "fsdp:8,param_dtype=bf16,reshard=false"
     )
     assert parse_plan("ddp:4,bucket_mb=50").options == {"bucket_mb": 50}
+    assert parse_plan("zero1:2").strategy == "zero1"
     for bad in ("fsdp", "tp:2", "fsdp:0", "fsdp:x", "ddp:2,reshard=true", "fsdp:2,reshard=1"):
         with pytest.raises(OptionError):
             parse_plan(bad)
@@ -71,6 +73,21 @@ def test_ddp_rank_is_the_one_process_step_plus_buckets(fake) -> None:
     assert m.comm_bytes == MODEL_BYTES  # one more copy of every gradient
     assert m.peak_bytes == train.peak_bytes + MODEL_BYTES
     assert m.optimizer_bytes == 2 * MODEL_BYTES + ADAM_STEPS  # exp_avg, exp_avg_sq, steps
+
+
+def test_zero1_shards_the_optimizer_state(fake) -> None:
+    model, inputs, opts = fake
+    ddp = train_step(fake_shadow(model, opts.fake_mode), inputs, opts)
+    m = zero1_rank_memory(model, inputs, opts, parse_plan("zero1:2"))
+    # whole parameters, greedily by size: 4 of the 8 weights (1,048,576 B), 2 of each
+    # kind of bias per rank: 4,204,544 B each; AdamW keeps 2 copies + 8 step scalars
+    assert m.optimizer_bytes == 2 * MODEL_BYTES // 2 + 8 * 4
+    assert (m.param_bytes, m.comm_bytes) == (MODEL_BYTES, MODEL_BYTES)  # all params, buckets
+    # the DDP rank's peak is the AdamW step's; ZeRO's rank steps half the parameters
+    assert m.peak_bytes < ddp.peak_bytes + MODEL_BYTES - MODEL_BYTES // 2
+    with pytest.raises(ValueError, match="keeps none"):
+        zero1_rank_memory(model, inputs, StepOptions(optimizer="sgd", fake_mode=opts.fake_mode),
+                          parse_plan("zero1:2"))  # fmt: skip
 
 
 def test_fsdp_shards_by_hand(fake) -> None:

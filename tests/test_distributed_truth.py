@@ -20,7 +20,7 @@ def _bench():  # noqa: ANN202 - the bench script as a module
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("plan", "runs"), [("ddp:2", 1), ("fsdp:2", 2)])
+@pytest.mark.parametrize(("plan", "runs"), [("ddp:2", 1), ("zero1:2", 1), ("fsdp:2", 2)])
 def test_prediction_against_torchrun(plan: str, runs: int) -> None:
     result = _bench().compare(plan, nproc=2, runs=runs)
     assert -0.03 <= result["ours_error"] <= 0.25, result

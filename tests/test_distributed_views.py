@@ -73,4 +73,4 @@ def test_parallel_through_the_api(tmp_path, monkeypatch) -> None:
         assert stored == ["fsdp:8,reshard=false", "ddp:2", "fsdp:2"]
         refused = upload(env, data={"parallel": "tp:2"})
         assert refused.status_code == 422
-        assert "STRATEGY one of ddp, fsdp" in refused.text
+        assert "STRATEGY one of ddp, zero1, fsdp" in refused.text

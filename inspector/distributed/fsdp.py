@@ -41,7 +41,14 @@ from inspector.memory.step import StepOptions, unique_tensors, warm_up
 from inspector.memory.tracker import storage_key
 from inspector.schema.parallel import PlanSpec
 
-__all__ = ["fsdp_rank_memory", "fsdp_heaviest", "distinct_ranks", "shard_units", "PARAM_DTYPES"]
+__all__ = [
+    "tracked_step",
+    "fsdp_rank_memory",
+    "fsdp_heaviest",
+    "distinct_ranks",
+    "shard_units",
+    "PARAM_DTYPES",
+]
 
 PARAM_DTYPES = {"float32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -98,7 +105,7 @@ def fsdp_rank_memory(
         warm_up(optimizer, trainable)
         recompute = paths if spec.options.get("checkpoint") else []
         with collectives_in_flight(in_flight), checkpointed(shadow, recompute):
-            out = _tracked_step(shadow, inputs, opts, optimizer, trainable)
+            out = tracked_step(shadow, inputs, opts, optimizer, trainable)
     out.strategy, out.world_size, out.rank = spec.text, spec.world_size, rank
     out.units = len(paths) + 1
     out.comm_bytes = _largest_unit_comm(shadow, paths, spec)
@@ -134,18 +141,24 @@ def _locals(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return unique_tensors(local(t) for t in tensors)
 
 
-def _tracked_step(
+def tracked_step(
     model: nn.Module,
     inputs: Inputs,
     opts: StepOptions,
     optimizer: torch.optim.Optimizer | None,
     trainable: list[nn.Parameter],
+    resident_bytes: int = 0,
+    state_of: torch.optim.Optimizer | None = None,
 ) -> RankMemory:
+    """One tracked step as a rank; `resident_bytes` more are held throughout (DDP's
+    buckets), `state_of` holds the optimizer state (ZeRO's inner optimizer)."""
+    state_of = state_of or optimizer
     tracker = ShardTracker(round_to=opts.round_to)
+    tracker.live += resident_bytes
     params, buffers = _locals(list(model.parameters())), _locals(list(model.buffers()))
     tracker.add_all(params + buffers, "static", "(parameters)")
     tracker.add_all(inputs.tensors(), "input", "(input)")
-    state = [v for s in (optimizer.state.values() if optimizer else []) for v in s.values()]
+    state = [v for s in (state_of.state.values() if state_of else []) for v in s.values()]
     tracker.add_all(_locals([v for v in state if isinstance(v, torch.Tensor)]), "static")
     # gathered parameters are saved by the ops that use them, but FSDP frees them after
     # forward: they are not activations (tracker.unsharded grows as FSDP gathers)
@@ -177,7 +190,7 @@ def _tracked_step(
         peak_label=tracker.peak_label,
         param_bytes=sum(t.untyped_storage().nbytes() for t in params),
         grad_bytes=sum(t.untyped_storage().nbytes() for t in grads),
-        optimizer_bytes=_local_state_bytes(optimizer),
+        optimizer_bytes=_local_state_bytes(state_of),
         input_bytes=tracker.bytes_where("input"),
         saved_activation_bytes=saved.total_bytes,
         comm_bytes=0,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from inspector.distributed.ddp import ddp_rank_memory
 from inspector.distributed.fsdp import fsdp_heaviest
 from inspector.distributed.rankmemory import RankMemory
+from inspector.distributed.zero import zero1_rank_memory
 from inspector.memory.analysis import Analysis
 from inspector.memory.step import unique_tensors
 from inspector.schema.parallel import PlanSpec
@@ -27,7 +28,9 @@ def rank_memory(spec: PlanSpec, model: object, a: Analysis) -> RankMemory:
         return ddp_rank_memory(a.train, unique_tensors(a.model.parameters()), spec)
     if not a.on_fake:
         raise PlanUnavailable(
-            "FSDP runs on fake tensors and this model only runs on real ones; "
+            f"{spec.strategy} runs on fake tensors and this model only runs on real ones; "
             "the DDP figure still applies per rank"
         )
+    if spec.strategy == "zero1":
+        return zero1_rank_memory(model, a.inputs, a.opts, spec)
     return fsdp_heaviest(model, a.inputs, a.opts, spec)

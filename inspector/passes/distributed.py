@@ -109,7 +109,7 @@ def _gpus(runs: _Runs, section: Distributed, spec: PlanSpec, budgets: list[int])
     try:
         # through the asked world size (already run) and 8 times it
         line = (spec.world_size, 8 * spec.world_size) if spec.world_size > 1 else LINE_SIZES
-        counts = fewest_gpus(peak_at, budgets, spec.strategy == "fsdp", line)
+        counts = fewest_gpus(peak_at, budgets, spec.strategy != "ddp", line)
     except Exception as exc:
         section.notes.append(f"GPUs needed for {_name(spec)}: {type(exc).__name__}: {exc}")
         return

@@ -3,6 +3,7 @@ form and the API read a plan spec the same way.
 
     ddp:4                          DistributedDataParallel on 4 ranks (bucket_cap_mb=25)
     ddp:4,bucket_mb=50             larger gradient buckets
+    zero1:4                        DDP + ZeroRedundancyOptimizer: optimizer state sharded
     fsdp:8                         FSDP2: fully_shard per repeated block + root
     fsdp:8,reshard=false           keep the gathered parameters from forward to backward
     fsdp:8,param_dtype=bf16        MixedPrecisionPolicy(param_dtype=bf16), grads reduced in it
@@ -17,12 +18,16 @@ from inspector.schema.options import OptionError
 
 __all__ = ["STRATEGIES", "PlanSpec", "parse_plan", "MAX_WORLD_SIZE", "DEFAULT_BUCKET_MB"]
 
-STRATEGIES = ("ddp", "fsdp")
+STRATEGIES = ("ddp", "zero1", "fsdp")
 MAX_WORLD_SIZE = 65536
 DEFAULT_BUCKET_MB = 25  # DistributedDataParallel(bucket_cap_mb=25)
 _PARAM_DTYPES = {"float32": "float32", "fp32": "float32", "bf16": "bf16", "bfloat16": "bf16",
                  "fp16": "fp16", "float16": "fp16"}  # fmt: skip
-_KEYS = {"ddp": ("bucket_mb",), "fsdp": ("reshard", "param_dtype", "checkpoint")}
+_KEYS = {
+    "ddp": ("bucket_mb",),
+    "zero1": ("bucket_mb",),
+    "fsdp": ("reshard", "param_dtype", "checkpoint"),
+}
 
 
 @dataclass(frozen=True)

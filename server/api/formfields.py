@@ -66,16 +66,18 @@ def parse_options(
 ) -> dict[str, Any]:
     """The options the job child hands to `inspector.analyze` (names of `Options` fields)."""
     try:
-        chosen = {
+        chosen: dict[str, Any] = {
             "optimizer": optimizer_choice(optimizer),
             "dtype": autocast_dtype(dtype),
             "device": device_choice(device or default_device),
             "export": export_level(export),
             "serving": serving_choice(serving),
-            "parallel": _plans(parallel or []),
         }
+        plans = _plans(parallel or [])
     except OptionError as exc:
         raise _invalid(str(exc)) from None
+    if plans:  # absent when none: the options of uploads without plans stay as they were
+        chosen["parallel"] = plans
     return {**chosen, "fake": fake, "budgets_bytes": _budgets(budget)}
 
 

@@ -70,9 +70,9 @@ def _wrap(model: nn.Module, spec: Any) -> nn.Module:
         return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap, init_sync=False)
     from torch.distributed.device_mesh import init_device_mesh
 
-    from inspector.distributed.fsdp import _shard
+    from inspector.distributed.fsdp import shard_model
 
-    _shard(model, init_device_mesh("cpu", (dist.get_world_size(),)), spec)
+    shard_model(model, init_device_mesh("cpu", (dist.get_world_size(),)), spec)
     return model
 
 
@@ -216,12 +216,12 @@ def fsdp_mem_tracker_peak(spec: Any) -> int:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    from inspector.distributed.fsdp import _shard
+    from inspector.distributed.fsdp import shard_model
     from inspector.distributed.world import fake_world
 
     with fake_world(spec.world_size) as mesh, FakeTensorMode():
         model = make_mlp()
-        _shard(model, mesh, spec)
+        shard_model(model, mesh, spec)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         x = mlp_input()
         tracker = FSDPMemTracker(model, optimizer)
@@ -287,6 +287,35 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def gpus_needed(preset: str, plan: str, budgets: list[int], dims: dict[str, int]) -> dict:
+    """The fewest GPUs for `plan` (its world size ignored) on a preset, with the time."""
+    from inspector.distributed.fsdp import fsdp_heaviest
+    from inspector.distributed.gpus import fewest_gpus
+    from inspector.loaders.presets import load_preset
+    from inspector.memory.shadow import fake_inputs, new_fake_mode
+    from inspector.memory.step import StepOptions
+    from inspector.schema.parallel import parse_plan
+
+    start, cpu = time.perf_counter(), time.process_time()
+    mode = new_fake_mode()
+    loaded = load_preset(preset, fake_mode=mode)
+    with mode:
+        inputs = fake_inputs(loaded.inputs.build(dims), mode)
+    spec, opts, runs = parse_plan(plan), StepOptions(fake_mode=mode), []
+
+    def peak_at(n: int) -> int:
+        runs.append(n)
+        return fsdp_heaviest(loaded.model, inputs, opts, spec.with_world_size(n)).peak_bytes
+
+    counts = fewest_gpus(peak_at, budgets, sharded=True)
+    return {
+        "preset": preset, "plan": spec.text, "dims": dims, "runs": runs,
+        "gpus": {c.budget_bytes: (c.gpus, c.per_rank_peak_bytes) for c in counts},
+        "wall_s": round(time.perf_counter() - start, 1),
+        "cpu_s": round(time.process_time() - cpu, 1),
+    }  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--worker", nargs=2, metavar=("PLAN", "DIR"))
@@ -294,7 +323,15 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--json")
+    p.add_argument("--gpus", nargs=2, metavar=("PRESET", "PLAN"), help="fewest GPUs on a preset")
+    p.add_argument("--budget", action="append", default=[], help="with --gpus (default 80GiB)")
     args = p.parse_args()
+    if args.gpus:
+        from inspector.units import parse_size
+
+        budgets = [parse_size(b) for b in args.budget or ["80GiB"]]
+        print(json.dumps(gpus_needed(*args.gpus, budgets, {"B": 1, "S": 4096}), indent=1))
+        return
     if args.worker:
         plan, out = args.worker
         worker(plan, str(Path(out) / f"rank{os.environ['RANK']}.json"))

@@ -19,7 +19,6 @@ distinct set of chunk sizes is run, and the heaviest is reported.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -28,21 +27,17 @@ from torch import nn
 from inspector.context import Inputs
 from inspector.distributed.inflight import IN_FLIGHT, collectives_in_flight
 from inspector.distributed.rankmemory import RankMemory
-from inspector.distributed.shardtracker import ShardTracker, local, storage_resizes
+from inspector.distributed.rankstep import tracked_step
 from inspector.distributed.world import fake_world
 from inspector.memory.advice import blocks
 from inspector.memory.checkpointing import checkpointed
-from inspector.memory.labels import module_labels, tag_graph
-from inspector.memory.loss import compute_loss
-from inspector.memory.optimizer import make_optimizer, state_bytes_of
-from inspector.memory.saved import SavedTracker
+from inspector.memory.optimizer import make_optimizer
 from inspector.memory.shadow import fake_shadow
 from inspector.memory.step import StepOptions, unique_tensors, warm_up
-from inspector.memory.tracker import storage_key
 from inspector.schema.parallel import PlanSpec
 
 __all__ = [
-    "tracked_step",
+    "shard_model",
     "fsdp_rank_memory",
     "fsdp_heaviest",
     "distinct_ranks",
@@ -98,7 +93,7 @@ def fsdp_rank_memory(
     fake_mode = opts.fake_mode
     with fake_world(spec.world_size, rank) as mesh, fake_mode:
         shadow = fake_shadow(model, fake_mode)
-        paths = _shard(shadow, mesh, spec)
+        paths = shard_model(shadow, mesh, spec)
         shadow.train()
         trainable = [p for p in unique_tensors(shadow.parameters()) if p.requires_grad]
         optimizer = make_optimizer(opts.optimizer, trainable)
@@ -112,7 +107,8 @@ def fsdp_rank_memory(
     return out
 
 
-def _shard(model: nn.Module, mesh: Any, spec: PlanSpec) -> list[str]:
+def shard_model(model: nn.Module, mesh: Any, spec: PlanSpec) -> list[str]:
+    """`fully_shard` the blocks, then the root, as `spec` says; the blocks' paths."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     dtype = PARAM_DTYPES.get(str(spec.options.get("param_dtype", "")))
@@ -129,84 +125,6 @@ def _shard(model: nn.Module, mesh: Any, spec: PlanSpec) -> list[str]:
     # after forward: it is needed at once by the backward
     fully_shard(model, **{**kwargs, "reshard_after_forward": False})
     return paths
-
-
-def _autocast(opts: StepOptions) -> Any:
-    if opts.autocast is None:
-        return nullcontext()
-    return torch.autocast(device_type=opts.device, dtype=opts.autocast)
-
-
-def _locals(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    return unique_tensors(local(t) for t in tensors)
-
-
-def tracked_step(
-    model: nn.Module,
-    inputs: Inputs,
-    opts: StepOptions,
-    optimizer: torch.optim.Optimizer | None,
-    trainable: list[nn.Parameter],
-    resident_bytes: int = 0,
-    state_of: torch.optim.Optimizer | None = None,
-) -> RankMemory:
-    """One tracked step as a rank; `resident_bytes` more are held throughout (DDP's
-    buckets), `state_of` holds the optimizer state (ZeRO's inner optimizer)."""
-    state_of = state_of or optimizer
-    tracker = ShardTracker(round_to=opts.round_to)
-    tracker.live += resident_bytes
-    params, buffers = _locals(list(model.parameters())), _locals(list(model.buffers()))
-    tracker.add_all(params + buffers, "static", "(parameters)")
-    tracker.add_all(inputs.tensors(), "input", "(input)")
-    state = [v for s in (state_of.state.values() if state_of else []) for v in s.values()]
-    tracker.add_all(_locals([v for v in state if isinstance(v, torch.Tensor)]), "static")
-    # gathered parameters are saved by the ops that use them, but FSDP frees them after
-    # forward: they are not activations (tracker.unsharded grows as FSDP gathers)
-    exclude = tracker.unsharded
-    exclude.update(storage_key(t) for t in params + buffers)
-    with tracker, storage_resizes(tracker), module_labels(model, tracker, tag=True):
-        with SavedTracker(tracker, exclude) as saved, _autocast(opts):
-            tracker.label = None
-            output = inputs.call(model)
-            tracker.label = "(loss)"
-            loss = compute_loss(opts.loss_fn, output, inputs)
-            tag_graph(loss, "(loss)")
-            del output
-        tracker.set_phase("backward")
-        loss.backward()
-        grads = _locals([p.grad for p in trainable if p.grad is not None])
-        tracker.set_phase("optimizer")
-        tracker.label = "(optimizer.step)"
-        if optimizer is not None:
-            optimizer.step()
-        for p in trainable:
-            p.grad = None
-    return RankMemory(
-        strategy="",
-        world_size=0,
-        rank=0,
-        peak_bytes=tracker.peak,
-        peak_phase=tracker.peak_phase,
-        peak_label=tracker.peak_label,
-        param_bytes=sum(t.untyped_storage().nbytes() for t in params),
-        grad_bytes=sum(t.untyped_storage().nbytes() for t in grads),
-        optimizer_bytes=_local_state_bytes(state_of),
-        input_bytes=tracker.bytes_where("input"),
-        saved_activation_bytes=saved.total_bytes,
-        comm_bytes=0,
-    )
-
-
-def _local_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
-    if optimizer is None:
-        return 0
-    seen: dict[int, int] = {}
-    for state in optimizer.state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor):
-                t = local(value)
-                seen[storage_key(t)] = t.untyped_storage().nbytes()
-    return sum(seen.values()) if seen else state_bytes_of(optimizer)
 
 
 def _largest_unit_comm(model: nn.Module, paths: list[str], spec: PlanSpec) -> int:

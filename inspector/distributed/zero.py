@@ -15,8 +15,8 @@ from torch import nn
 
 from inspector.context import Inputs
 from inspector.distributed.ddp import bucket_sizes
-from inspector.distributed.fsdp import tracked_step
 from inspector.distributed.rankmemory import RankMemory
+from inspector.distributed.rankstep import tracked_step
 from inspector.distributed.world import fake_world
 from inspector.memory.optimizer import make_optimizer
 from inspector.memory.shadow import fake_shadow

@@ -72,7 +72,11 @@ def _wrap(model: nn.Module, spec: Any) -> nn.Module:
 
     from inspector.distributed.fsdp import shard_model
 
-    shard_model(model, init_device_mesh("cpu", (dist.get_world_size(),)), spec)
+    paths = shard_model(model, init_device_mesh("cpu", (dist.get_world_size(),)), spec)
+    if spec.options.get("checkpoint"):
+        from inspector.memory.checkpointing import checkpointed
+
+        checkpointed(model, paths).__enter__()  # for the process's life: never undone
     return model
 
 
@@ -221,7 +225,11 @@ def fsdp_mem_tracker_peak(spec: Any) -> int:
 
     with fake_world(spec.world_size) as mesh, FakeTensorMode():
         model = make_mlp()
-        shard_model(model, mesh, spec)
+        paths = shard_model(model, mesh, spec)
+        if spec.options.get("checkpoint"):
+            from inspector.memory.checkpointing import checkpointed
+
+            checkpointed(model, paths).__enter__()  # a model of this call only
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         x = mlp_input()
         tracker = FSDPMemTracker(model, optimizer)

@@ -186,3 +186,15 @@ def test_cli_parallel(tmp_path, capsys) -> None:
     assert all(fsdp["fits"].values())
     assert {g["strategy"] for g in section["gpus_needed"]} == {"ddp", "fsdp"}
     assert "Distributed" in capsys.readouterr().out
+
+
+def test_distinct_ranks_match_every_rank_looked_at() -> None:
+    # rows 7, 7, 3, 3, 10, 10: short and empty chunks at many world sizes
+    model = nn.Sequential(nn.Linear(5, 7), nn.Linear(7, 3), nn.Linear(3, 10))
+    rows = [p.shape[0] for p in model.parameters()]
+    for n in range(1, 40):
+        kinds: dict[tuple[int, ...], int] = {}
+        for rank in range(n):
+            sizes = tuple(max(0, min(-(-r // n), r - rank * -(-r // n))) for r in rows)
+            kinds.setdefault(sizes, rank)
+        assert distinct_ranks(model, n) == sorted(kinds.values()), n

@@ -56,12 +56,15 @@ def shard_units(model: nn.Module) -> list[str]:
 def distinct_ranks(model: nn.Module, world_size: int) -> list[int]:
     """One rank per distinct tuple of local chunk sizes (rows of each parameter)."""
     rows = [p.shape[0] if p.dim() else 1 for p in unique_tensors(model.parameters())]
+    # a rank's chunks change kind only at a parameter's boundary rank (its short chunk)
+    # and the rank after it (the first empty one): only those need looking at
+    candidates = {0, world_size - 1}
+    for n in rows:
+        edge = n // -(-n // world_size)
+        candidates.update(r for r in (edge, edge + 1) if r < world_size)
     seen: dict[tuple[int, ...], int] = {}
-    for rank in range(world_size):
-        sizes = tuple(_chunk_rows(n, world_size, rank) for n in rows)
-        seen.setdefault(sizes, rank)
-        if len(seen) == 3:  # full, short and empty chunks: no other kind exists
-            break
+    for rank in sorted(candidates):
+        seen.setdefault(tuple(_chunk_rows(n, world_size, rank) for n in rows), rank)
     return sorted(seen.values())
 
 

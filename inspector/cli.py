@@ -158,7 +158,27 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
         help="serving memory: KV cache per token, prefill/decode peaks, sequences per GPU "
         "(default: on for presets and configs of decoder language models)",
     )
+    p.add_argument(
+        "--parallel",
+        action="append",
+        type=_plan,
+        default=[],
+        metavar="STRATEGY:N",
+        help="per-rank training memory on N ranks: ddp:4, fsdp:8, fsdp:8,reshard=false, "
+        "fsdp:8,param_dtype=bf16, ddp:4,bucket_mb=50; repeatable. The input is one rank's "
+        "batch; the fewest GPUs per accelerator size come with each strategy",
+    )
     p.set_defaults(func=_cmd_inspect)
+
+
+def _plan(text: str) -> str:
+    from inspector.schema.options import OptionError
+    from inspector.schema.parallel import parse_plan
+
+    try:
+        return parse_plan(text).text
+    except OptionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _size(text: str) -> int:
@@ -246,6 +266,7 @@ def _options(args: argparse.Namespace) -> Options:
         export=args.export,
         compile=args.compile,
         serving=args.serving,
+        parallel=list(args.parallel),
     )
 
 

@@ -46,6 +46,7 @@ class Options:
     export: str = DEFAULT_EXPORT  # export readiness: EXPORT_LEVELS
     compile: str = DEFAULT_COMPILE  # torch.compile readiness: COMPILE_LEVELS
     serving: bool | None = None  # serving memory; None: on for presets/configs of decoder LMs
+    parallel: list[str] = field(default_factory=list)  # --parallel plans (schema/parallel.py)
     # overrides of the health thresholds (inspector.health.thresholds.DEFAULTS)
     thresholds: dict[str, float] = field(default_factory=dict)
 

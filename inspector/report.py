@@ -388,6 +388,44 @@ class Serving(_Model):
     notes: list[str] = Field(default_factory=list)
 
 
+class ParallelPlan(_Model):
+    """One `--parallel` plan: the heaviest rank's memory in a training step."""
+
+    strategy: str  # ddp / fsdp
+    spec: str  # the plan's normal form: "fsdp:8,reshard=false"
+    world_size: int
+    per_rank_peak_bytes: int | None = None  # the heaviest rank's training-step peak
+    heaviest_rank: int = 0
+    peak_phase: str | None = None  # forward / backward / optimizer
+    peak_where: str | None = None  # the module or autograd node running at the peak
+    param_bytes: int | None = None  # this rank's parameters (its shards under FSDP)
+    grad_bytes: int | None = None
+    optimizer_bytes: int | None = None
+    input_bytes: int | None = None
+    saved_activation_bytes: int | None = None
+    comm_bytes: int | None = None  # DDP buckets; FSDP: largest unit's all-gather + reduce-scatter
+    units: int | None = None  # FSDP: fully_shard units; DDP: gradient buckets
+    fits: dict[str, bool] = Field(default_factory=dict)  # {str(budget_bytes): fits}
+    error: str | None = None  # why this plan has no figures
+
+
+class GpusNeeded(_Model):
+    """The fewest ranks whose heaviest rank fits `budget_bytes`, run to check."""
+
+    strategy: str  # the plan without its world size: "fsdp", "fsdp,param_dtype=bf16"
+    budget_bytes: int
+    gpus: int | None = None  # None: no world size fits
+    per_rank_peak_bytes: int | None = None  # measured at `gpus`
+
+
+class Distributed(_Model):
+    plans: list[ParallelPlan] = Field(default_factory=list)
+    gpus_needed: list[GpusNeeded] = Field(default_factory=list)
+    batch_per_rank: int | None = None  # the input's batch: one rank's micro-batch
+    seconds: float | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
 class ErrorInfo(_Model):
     kind: str  # user_error, timed_out, out_of_memory, killed, internal
     message: str
@@ -411,6 +449,7 @@ class Report(_Model):
     export: Export = Field(default_factory=Export)
     serving: Serving = Field(default_factory=Serving)
     compile: Compile = Field(default_factory=Compile)
+    distributed: Distributed = Field(default_factory=Distributed)
 
     def to_json(self, indent: int | None = None) -> str:
         return self.model_dump_json(indent=indent)

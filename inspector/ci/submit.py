@@ -88,6 +88,8 @@ def _add_analysis(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serving", choices=SERVING_CHOICES, help="serving memory (default auto)")
     p.add_argument("--compile", choices=COMPILE_LEVELS,
                    help="torch.compile readiness: none, fast (default), all")  # fmt: skip
+    p.add_argument("--parallel", action="append", default=[], metavar="STRATEGY:N",
+                   help="per-rank memory on N ranks (fsdp:8, ddp:4); repeatable")  # fmt: skip
 
 
 def _add_gates(p: argparse.ArgumentParser) -> None:
@@ -212,6 +214,7 @@ def _form(args: argparse.Namespace) -> dict[str, Any]:
         "fake": "true" if args.fake else None,
         "serving": args.serving,
         "compile": args.compile,
+        "parallel": args.parallel or None,
     }
 
 

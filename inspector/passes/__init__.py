@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from inspector.context import Context
 from inspector.passes import (
+    distributed,
     dynamo,
     export,
     findings,
@@ -25,6 +26,7 @@ Pass = Callable[[Context], None]
 PASSES: list[tuple[str, Pass]] = [
     ("graph", graph.run),  # shapes, parameters, FLOPs -> nodes, modules, totals
     ("memory", memory.run),  # static memory, saved activations, peaks, batch scaling
+    ("distributed", distributed.run),  # --parallel: per-rank memory, fewest GPUs that fit
     ("gradients", gradients.run),  # one forward + backward: gradient flow per param/layer/node
     ("numerics", numerics.run),  # Node.stats: ranges, NaN/Inf, dead ReLU, fp16/bf16 hazards
     ("modes", modes.run),  # train() vs eval(): mode-dependent modules, divergence, BatchNorm

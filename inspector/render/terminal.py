@@ -15,6 +15,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from inspector.render.distributed import distributed_section
 from inspector.render.format import (
     budget_label,
     failed_attempts,
@@ -48,7 +49,8 @@ def render_terminal(
         _print_failure(report, console)
         return
     _print_module_table(report, depth, console)
-    sections = (_summary, _memory, _advice, _setups, _serving, _gradients, _compile, _export)
+    sections = (_summary, _memory, _advice, _setups, distributed_section, _serving, _gradients,
+                _compile, _export)  # fmt: skip
     for section in sections:
         grid = section(report)
         if grid is not None:

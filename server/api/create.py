@@ -178,6 +178,9 @@ def create_report(
         description="torch.compile readiness: none, fast (graph breaks, first failed guard "
         "per named dim), all (+ every recompile counted)",
     ),
+    parallel: list[str] = Form(
+        [], description="per-rank plans, e.g. fsdp:8 or ddp:4,bucket_mb=50; repeated or ;-separated"
+    ),
 ) -> CreatedReport:
     """Upload a model (and its input) to be inspected; returns the report's links."""
     settings: Settings = request.app.state.settings
@@ -187,6 +190,7 @@ def create_report(
     options = parse_options(
         optimizer=optimizer, dtype=dtype, device=device, fake=fake, budget=budget,
         default_device=settings.device, export=export, serving=serving, compile=compile,
+        parallel=parallel,
     )  # fmt: skip
     with ExitStack() as stack:
         if preset:

@@ -16,6 +16,7 @@ from inspector.schema.options import (
     optimizer_choice,
     serving_choice,
 )
+from inspector.schema.parallel import parse_plan
 from inspector.units import parse_size
 from server.api.errors import ApiError
 
@@ -64,10 +65,11 @@ def parse_options(
     export: str = DEFAULT_EXPORT,
     serving: str = DEFAULT_SERVING,
     compile: str = DEFAULT_COMPILE,
+    parallel: list[str] | None = None,
 ) -> dict[str, Any]:
     """The options the job child hands to `inspector.analyze` (names of `Options` fields)."""
     try:
-        chosen = {
+        chosen: dict[str, Any] = {
             "optimizer": optimizer_choice(optimizer),
             "dtype": autocast_dtype(dtype),
             "device": device_choice(device or default_device),
@@ -75,9 +77,19 @@ def parse_options(
             "compile": compile_level(compile),
             "serving": serving_choice(serving),
         }
+        plans = _plans(parallel or [])
     except OptionError as exc:
         raise _invalid(str(exc)) from None
+    if plans:  # absent when none: the options of uploads without plans stay as they were
+        chosen["parallel"] = plans
     return {**chosen, "fake": fake, "budgets_bytes": _budgets(budget)}
+
+
+def _plans(fields: list[str]) -> list[str]:
+    """`--parallel` plans in their normal form; a field may hold several, `;`-separated
+    (a plan's own options are comma-separated)."""
+    texts = [t for field in fields for t in field.replace("\n", ";").split(";") if t.strip()]
+    return [parse_plan(t).text for t in texts]
 
 
 def _budgets(text: str | None) -> list[int]:

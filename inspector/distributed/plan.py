@@ -1,0 +1,36 @@
+"""One `--parallel` plan -> the heaviest rank's memory in a training step.
+
+The input the model is inspected with is one rank's batch (the per-GPU micro-batch);
+the memory pass's step at that batch is the DDP rank's step, and the FSDP rank runs the
+same step on a fake copy sharded `world_size` ways.
+"""
+
+from __future__ import annotations
+
+from inspector.distributed.ddp import ddp_rank_memory
+from inspector.distributed.fsdp import fsdp_heaviest
+from inspector.distributed.rankmemory import RankMemory
+from inspector.distributed.zero import zero1_rank_memory
+from inspector.memory.analysis import Analysis
+from inspector.memory.step import unique_tensors
+from inspector.schema.parallel import PlanSpec
+
+__all__ = ["rank_memory", "PlanUnavailable"]
+
+
+class PlanUnavailable(RuntimeError):
+    """The plan cannot be run here; the message says why."""
+
+
+def rank_memory(spec: PlanSpec, model: object, a: Analysis) -> RankMemory:
+    """The heaviest rank under `spec`, from the memory pass's analysis `a`."""
+    if spec.strategy == "ddp":
+        return ddp_rank_memory(a.train, unique_tensors(a.model.parameters()), spec)
+    if not a.on_fake:
+        raise PlanUnavailable(
+            f"{spec.strategy} runs on fake tensors and this model only runs on real ones; "
+            "the DDP figure still applies per rank"
+        )
+    if spec.strategy == "zero1":
+        return zero1_rank_memory(model, a.inputs, a.opts, spec)
+    return fsdp_heaviest(model, a.inputs, a.opts, spec)

@@ -1,0 +1,25 @@
+"""What one rank holds during a training step: the figures every strategy reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["RankMemory"]
+
+
+@dataclass
+class RankMemory:
+    strategy: str  # the plan's normal form, e.g. "fsdp:8,reshard=false"
+    world_size: int
+    rank: int  # the heaviest rank, the one these figures are for
+    peak_bytes: int
+    peak_phase: str  # forward / backward / optimizer
+    peak_label: str | None  # the module or autograd node running at the peak
+    param_bytes: int  # resident: this rank's parameters (its shards under FSDP)
+    grad_bytes: int  # after backward: this rank's gradients
+    optimizer_bytes: int  # this rank's optimizer state
+    input_bytes: int
+    saved_activation_bytes: int  # saved for backward, gathered parameters left out
+    comm_bytes: int  # DDP: its buckets; FSDP: the largest unit's all-gather + reduce-scatter
+    units: int = 1  # FSDP: fully_shard units (blocks + root); DDP: gradient buckets
+    notes: list[str] = field(default_factory=list)

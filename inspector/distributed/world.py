@@ -1,0 +1,35 @@
+"""A fake world: torch's FakeProcessGroup of any size, this process playing one rank.
+
+Collectives on it return at once without touching data, so FSDP2 and DTensor run their
+real code (sharding, all-gather and reduce-scatter buffers) with one process. The device
+mesh must be made outside FakeTensorMode (it builds real tensors of rank ids).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch.distributed as dist
+
+__all__ = ["fake_world", "WorldBusy"]
+
+
+class WorldBusy(RuntimeError):
+    """This process already has a default process group (a real run under torchrun)."""
+
+
+@contextmanager
+def fake_world(world_size: int, rank: int = 0) -> Iterator[Any]:
+    """A 1-D CPU device mesh over a fake default group of `world_size` ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise WorldBusy("a process group is already initialized in this process")
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+    try:
+        yield init_device_mesh("cpu", (world_size,))
+    finally:
+        dist.destroy_process_group()

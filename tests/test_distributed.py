@@ -1,0 +1,200 @@
+"""Per-rank training memory (inspector.distributed) on a 4-block MLP whose bytes are known
+by hand: each block is Linear(256, 1024) + ReLU + Linear(1024, 256),
+256 * 1024 + 1024 + 1024 * 256 + 256 = 525,568 parameters, 2,102,272 float32 bytes;
+the model 4 * 525,568 = 2,102,272 parameters, 8,409,088 bytes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from inspector import cli
+from inspector.context import Inputs
+from inspector.distributed.ddp import bucket_sizes, ddp_rank_memory
+from inspector.distributed.fsdp import (
+    distinct_ranks,
+    fsdp_heaviest,
+    fsdp_rank_memory,
+    shard_units,
+)
+from inspector.distributed.gpus import fewest_gpus
+from inspector.distributed.zero import zero1_rank_memory
+from inspector.memory.shadow import fake_inputs, fake_shadow, new_fake_mode
+from inspector.memory.step import StepOptions, train_step, unique_tensors
+from inspector.schema.options import OptionError
+from inspector.schema.parallel import parse_plan
+
+MODEL_BYTES = 2_102_272 * 4  # 8,409,088
+ADAM_STEPS = 16 * 4  # one float32 `step` scalar per parameter tensor (8 Linear x 2)
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(
+        *[nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)) for _ in range(4)]
+    )
+
+
+@pytest.fixture(scope="module")
+def fake() -> tuple[nn.Module, Inputs, StepOptions]:
+    mode = new_fake_mode()
+    inputs = fake_inputs(Inputs(args=(torch.randn(64, 256),)), mode)
+    return mlp(), inputs, StepOptions(fake_mode=mode, loss_fn=lambda out, _: out.sum())
+
+
+def test_plan_grammar() -> None:
+    assert parse_plan("FSDP:8").text == "fsdp:8"
+    assert parse_plan("fsdp:8, reshard=False,param_dtype=bfloat16").text == (
+        "fsdp:8,param_dtype=bf16,reshard=false"
+    )
+    assert parse_plan("ddp:4,bucket_mb=50").options == {"bucket_mb": 50}
+    assert parse_plan("zero1:2").strategy == "zero1"
+    for bad in ("fsdp", "tp:2", "fsdp:0", "fsdp:x", "ddp:2,reshard=true", "fsdp:2,reshard=1"):
+        with pytest.raises(OptionError):
+            parse_plan(bad)
+
+
+def test_ddp_buckets_by_hand() -> None:
+    # reverse order: the last Linear(1024, 256)'s bias (1,024 B) and weight (1,048,576 B)
+    # reach the first bucket's 1 MiB: 1,049,600; the rest (8,409,088 - 1,049,600) < 25 MiB
+    assert bucket_sizes(list(mlp().parameters())) == [1_049_600, 7_359_488]
+    # 1 MiB caps: every weight of 1,048,576 B closes a bucket with what came before it
+    assert sum(bucket_sizes(list(mlp().parameters()), cap_mb=1)) == MODEL_BYTES
+    assert len(bucket_sizes(list(mlp().parameters()), cap_mb=1)) == 8
+
+
+def test_ddp_rank_is_the_one_process_step_plus_buckets(fake) -> None:
+    model, inputs, opts = fake
+    shadow = fake_shadow(model, opts.fake_mode)
+    train = train_step(shadow, inputs, opts)
+    m = ddp_rank_memory(train, unique_tensors(shadow.parameters()), parse_plan("ddp:4"))
+    assert m.comm_bytes == MODEL_BYTES  # one more copy of every gradient
+    assert m.peak_bytes == train.peak_bytes + MODEL_BYTES
+    assert m.optimizer_bytes == 2 * MODEL_BYTES + ADAM_STEPS  # exp_avg, exp_avg_sq, steps
+
+
+def test_zero1_shards_the_optimizer_state(fake) -> None:
+    model, inputs, opts = fake
+    ddp = train_step(fake_shadow(model, opts.fake_mode), inputs, opts)
+    m = zero1_rank_memory(model, inputs, opts, parse_plan("zero1:2"))
+    # whole parameters, greedily by size: 4 of the 8 weights (1,048,576 B), 2 of each
+    # kind of bias per rank: 4,204,544 B each; AdamW keeps 2 copies + 8 step scalars
+    assert m.optimizer_bytes == 2 * MODEL_BYTES // 2 + 8 * 4
+    assert (m.param_bytes, m.comm_bytes) == (MODEL_BYTES, MODEL_BYTES)  # all params, buckets
+    # the DDP rank's peak is the AdamW step's; ZeRO's rank steps half the parameters
+    assert m.peak_bytes < ddp.peak_bytes + MODEL_BYTES - MODEL_BYTES // 2
+    with pytest.raises(ValueError, match="keeps none"):
+        zero1_rank_memory(model, inputs, StepOptions(optimizer="sgd", fake_mode=opts.fake_mode),
+                          parse_plan("zero1:2"))  # fmt: skip
+
+
+def test_fsdp_shards_by_hand(fake) -> None:
+    model, inputs, opts = fake
+    assert shard_units(model) == ["0", "1", "2", "3"]
+    m = fsdp_rank_memory(model, inputs, opts, parse_plan("fsdp:2"))
+    assert m.units == 5  # 4 blocks + the root
+    assert m.param_bytes == MODEL_BYTES // 2  # 4,204,544
+    assert m.grad_bytes == MODEL_BYTES // 2
+    assert m.optimizer_bytes == 2 * MODEL_BYTES // 2 + ADAM_STEPS
+    assert m.comm_bytes == 2 * 2_102_272  # one block gathered + its reduce-scatter input
+    # resident shards + state + input, plus at least one gathered block
+    assert m.peak_bytes >= 3 * MODEL_BYTES // 2 + 64 * 256 * 4 + 2_102_272
+    bf16 = fsdp_rank_memory(model, inputs, opts, parse_plan("fsdp:2,param_dtype=bf16"))
+    assert bf16.comm_bytes == 2 * 525_568 * 2  # gathered and reduced in bf16
+    assert bf16.peak_bytes < m.peak_bytes
+
+
+def test_fsdp_heaviest_rank_on_uneven_shards(fake) -> None:
+    model, inputs, opts = fake
+    spec = parse_plan("fsdp:3")
+    first = fsdp_rank_memory(model, inputs, opts, spec, rank=0)
+    last = fsdp_rank_memory(model, inputs, opts, spec, rank=2)
+    # chunks of ceil(rows / 3): 342 of Linear(256, 1024)'s 1,024 rows, 86 of the other's
+    # 256; every rank pads to them: (342 * 256 + 342 + 86 * 1024 + 86) * 4 B * 4 blocks
+    padded = (342 * 256 + 342 + 86 * 1024 + 86) * 4 * 4
+    assert first.param_bytes == last.param_bytes == padded  # 2,816,704
+    # the last rank holds 1024 - 684 = 340 and 256 - 172 = 84 rows: less optimizer state
+    assert first.optimizer_bytes == 2 * padded + ADAM_STEPS
+    assert last.optimizer_bytes == 2 * (340 * 256 + 340 + 84 * 1024 + 84) * 4 * 4 + ADAM_STEPS
+    # ... but copies its gradient shard out of the padded reduce-scatter output: heavier
+    assert last.peak_bytes > first.peak_bytes
+    assert distinct_ranks(model, 3) == [0, 2]  # ranks 0 and 1 hold the same chunks
+    assert distinct_ranks(model, 4) == [0]
+    assert fsdp_heaviest(model, inputs, opts, spec).rank == 2
+
+
+def test_fsdp_keeping_gathered_params_costs_memory(fake) -> None:
+    model, inputs, opts = fake
+    keep = fsdp_rank_memory(model, inputs, opts, parse_plan("fsdp:4,reshard=false"))
+    free = fsdp_rank_memory(model, inputs, opts, parse_plan("fsdp:4"))
+    # without resharding all 4 gathered blocks are live at the end of forward; with it
+    # at most the one running and the one prefetched (2 of 2,102,272 B)
+    assert keep.peak_bytes - free.peak_bytes >= 2 * 2_102_272
+
+
+def test_fsdp_checkpointing_keeps_only_block_inputs(fake) -> None:
+    model, inputs, opts = fake
+    ckpt = fsdp_rank_memory(model, inputs, opts, parse_plan("fsdp:2,checkpoint=true"))
+    # each checkpointed block saves its input only: 4 x [64, 256] float32 = 4 x 65,536 B
+    # (the first is the model's input, kept anyway), instead of 1,310,720 B
+    assert ckpt.saved_activation_bytes == 4 * 64 * 256 * 4
+    plain = fsdp_rank_memory(model, inputs, opts, parse_plan("fsdp:2"))
+    # the peak here is block 0's backward, where its recomputed activations are live
+    # again and the others' are freed: checkpointing cannot lower it
+    assert ckpt.peak_bytes == plain.peak_bytes
+
+
+def test_fewest_gpus_are_run_not_only_drawn() -> None:
+    def line(n: int) -> int:  # fixed + sharded / n
+        return 1000 + 64_000 // n
+
+    got = fewest_gpus(line, [2000, 1500, 900], sharded=True)
+    # 1000 + 64,000 / 64 = 2,000 fits; 1000 + 64,000 / 128 = 1,500 (127: 1,503 does not)
+    assert [(c.budget_bytes, c.gpus) for c in got[:2]] == [(2000, 64), (1500, 128)]
+    assert got[2].gpus is None  # 900 is under the fixed part: no world size fits
+
+    def bumped(n: int) -> int:  # the line says 64, the run says no: the next size is run
+        return 2100 if n == 64 else line(n)
+
+    got = fewest_gpus(bumped, [2000], sharded=True)
+    assert (got[0].gpus, got[0].per_rank_peak_bytes) == (65, 1000 + 64_000 // 65)
+    flat = fewest_gpus(lambda n: 1500, [1000, 2000], sharded=False)
+    assert [c.gpus for c in flat] == [None, 1]
+
+
+def test_cli_parallel(tmp_path, capsys) -> None:
+    (tmp_path / "m.py").write_text(
+        "import torch\nfrom torch import nn\n"
+        "def make():\n    return nn.Sequential(*[nn.Sequential(nn.Linear(8, 32), nn.ReLU(),"
+        " nn.Linear(32, 8)) for _ in range(2)])\n"
+        "def example_inputs():\n    return torch.randn(4, 8)\n"
+    )
+    assert cli.main(["inspect", str(tmp_path / "m.py:make"), "--parallel", "tp:2"]) == 2
+    out = tmp_path / "r.json"
+    argv = ["inspect", str(tmp_path / "m.py:make"), "--fake", "--passes",
+            "graph,memory,distributed", "--parallel", "ddp:2", "--parallel", "fsdp:2",
+            "--json", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    section = json.loads(out.read_text())["distributed"]
+    ddp, fsdp = section["plans"]
+    # 2 blocks x (8 * 32 + 32 + 32 * 8 + 8) = 1,104 parameters, 4,416 float32 bytes
+    assert (ddp["strategy"], ddp["world_size"], ddp["comm_bytes"]) == ("ddp", 2, 4_416)
+    assert fsdp["param_bytes"] == 4_416 // 2
+    assert fsdp["per_rank_peak_bytes"] < ddp["per_rank_peak_bytes"]
+    assert all(fsdp["fits"].values())
+    assert {g["strategy"] for g in section["gpus_needed"]} == {"ddp", "fsdp"}
+    assert "Distributed" in capsys.readouterr().out
+
+
+def test_distinct_ranks_match_every_rank_looked_at() -> None:
+    # rows 7, 7, 3, 3, 10, 10: short and empty chunks at many world sizes
+    model = nn.Sequential(nn.Linear(5, 7), nn.Linear(7, 3), nn.Linear(3, 10))
+    rows = [p.shape[0] for p in model.parameters()]
+    for n in range(1, 40):
+        kinds: dict[tuple[int, ...], int] = {}
+        for rank in range(n):
+            sizes = tuple(max(0, min(-(-r // n), r - rank * -(-r // n))) for r in rows)
+            kinds.setdefault(sizes, rank)
+        assert distinct_ranks(model, n) == sorted(kinds.values()), n

@@ -31,13 +31,16 @@ from server.blobs.fetch import stored_file
 from server.db import make_engine, make_session_factory, session_scope
 from server.logs import job_context
 from server.models import Job, utcnow
-from server.sandbox import Limits, job_python_command, run_child, sandbox_available
+from server.sandbox import Limits, job_python_command, pool, run_child, sandbox_available
 from server.sandbox.childfiles import ProgressReader
 from server.sandbox.ending import Ending, ending_from_outcome, failure
+from server.sandbox.forked import run_forked
+from server.sandbox.runner import Outcome
+from server.sandbox.zygote import ZygoteError
 from server.settings import Settings
 from server.summary import summary_columns
 
-__all__ = ["run_job", "session_factory_for", "worker_id", "JobSpec"]
+__all__ = ["run_job", "session_factory_for", "worker_id", "JobSpec", "prewarm"]
 
 log = logging.getLogger(__name__)
 READONLY = ("upload", "input", "job.json")
@@ -173,6 +176,25 @@ class _Heartbeat:
             )  # fmt: skip
 
 
+def _wants_gpu(device: str) -> bool:
+    return device in ("auto", "cuda") and any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def _zygote_key(settings: Settings, gpu: bool) -> pool.ZygoteKey | None:
+    """The zygote for jobs under these settings, or None: fresh children only."""
+    if settings.job_launch != "zygote" or settings.sandbox == "none":
+        return None
+    limits = Limits.from_settings(settings, cuda=gpu)
+    return pool.ZygoteKey(settings.data_dir / "jobs", limits, gpu)
+
+
+def prewarm(settings: Settings) -> None:
+    """Start this thread's zygote ahead of its first job (a consumer thread's start)."""
+    key = _zygote_key(settings, _wants_gpu(str(settings.device)))
+    if key is not None and sandbox_available()[0]:
+        pool.prewarm(key)
+
+
 def _execute(
     spec: JobSpec,
     job_dir: Path,
@@ -181,22 +203,43 @@ def _execute(
     should_stop: Callable[[], bool] | None,
 ) -> Ending:
     confined = settings.sandbox != "none"
-    device = _device(spec, settings)
-    gpu = device in ("auto", "cuda") and any(Path("/dev").glob("nvidia[0-9]*"))
+    gpu = _wants_gpu(_device(spec, settings))
     limits = Limits.from_settings(settings, cuda=gpu)
     beat = _Heartbeat(factory, spec, job_dir, settings.job_heartbeat_s)
     # One line per sandboxed child started: the load bench counts them (each job runs once).
     log.info("sandbox start", extra={"event": "sandbox_start", "worker": spec.worker})
-    outcome = run_child(
-        job_python_command(), job_dir, limits, confined=confined, readonly=READONLY,
-        gpu=gpu, on_tick=beat, should_stop=should_stop,
-    )  # fmt: skip
+    outcome = _in_zygote(spec, job_dir, settings, limits, gpu, beat, should_stop)
+    if outcome is None:
+        outcome = run_child(
+            job_python_command(), job_dir, limits, confined=confined, readonly=READONLY,
+            gpu=gpu, on_tick=beat, should_stop=should_stop,
+        )  # fmt: skip
     beat.progress.poll()
     start_t = beat.progress.times.get("start")
     if start_t is not None:
         spec.timings["sandbox_start"] = round(start_t - outcome.started_at, 4)
     spec.timings["child"] = round(outcome.duration_s, 4)
     return ending_from_outcome(outcome, job_dir, beat.progress.stage or "start")
+
+
+def _in_zygote(spec, job_dir, settings, limits, gpu, beat, should_stop) -> Outcome | None:  # noqa: ANN001
+    """The job run by this thread's zygote; None when no zygote can take it (run it fresh)."""
+    key = _zygote_key(settings, gpu)
+    if key is None:
+        return None
+    zygote, waited = pool.take(key, settings.zygote_ready_timeout_s)
+    if zygote is None:
+        return None
+    spec.timings["zygote_wait"] = round(waited, 4)
+    try:
+        return run_forked(
+            zygote, job_dir, limits, readonly=READONLY, on_tick=beat, should_stop=should_stop
+        )
+    except ZygoteError as exc:  # before the job started: it runs fresh instead
+        log.warning("job %s: %s; running it as a fresh child", spec.id, exc)
+        return None
+    finally:
+        pool.give_back(zygote, settings.zygote_max_jobs)
 
 
 def _refusal(settings: Settings) -> str | None:

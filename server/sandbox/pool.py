@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +37,8 @@ class ZygoteKey:
 class _Slot(threading.local):
     zygote: Zygote | None = None
     key: ZygoteKey | None = None
-    failures: int = 0
+    failures: int = 0  # in a row, for `failed_key`
+    failed_key: ZygoteKey | None = None
 
 
 _slot = _Slot()
@@ -46,7 +48,7 @@ _all_lock = threading.Lock()
 
 def prewarm(key: ZygoteKey) -> None:
     """Start this thread's zygote now (it gets ready on its own) unless one is there."""
-    if _slot.failures >= MAX_FAILURES:
+    if _slot.failures >= MAX_FAILURES and _slot.failed_key == key:
         return
     if _slot.zygote is not None and _slot.key == key and _slot.zygote.alive:
         return
@@ -54,14 +56,16 @@ def prewarm(key: ZygoteKey) -> None:
     try:
         zygote = Zygote.start(key.jobs_root, key.limits, gpu=key.gpu)
     except (OSError, ValueError) as exc:
-        _failed(f"the zygote could not start: {exc}")
+        _failed(key, f"the zygote could not start: {exc}")
         return
     _slot.zygote, _slot.key = zygote, key
     with _all_lock:
         _all.add(zygote)
 
 
-def take(key: ZygoteKey, ready_timeout_s: float) -> tuple[Zygote | None, float]:
+def take(
+    key: ZygoteKey, ready_timeout_s: float, should_stop: Callable[[], bool] | None = None
+) -> tuple[Zygote | None, float]:
     """This thread's ready zygote (None: run a fresh child) and the seconds waited for it."""
     prewarm(key)
     zygote = _slot.zygote
@@ -69,10 +73,11 @@ def take(key: ZygoteKey, ready_timeout_s: float) -> tuple[Zygote | None, float]:
         return None, 0.0
     start = time.monotonic()
     try:
-        zygote.wait_ready(ready_timeout_s)
+        zygote.wait_ready(ready_timeout_s, should_stop)
     except ZygoteError as exc:
         _drop()
-        _failed(str(exc))
+        if not (should_stop is not None and should_stop()):
+            _failed(key, str(exc))
         return None, time.monotonic() - start
     _slot.failures = 0
     return zygote, time.monotonic() - start
@@ -88,7 +93,9 @@ def give_back(zygote: Zygote, max_jobs: int) -> None:
             prewarm(key)
 
 
-def _failed(why: str) -> None:
+def _failed(key: ZygoteKey, why: str) -> None:
+    if _slot.failed_key != key:
+        _slot.failures, _slot.failed_key = 0, key
     _slot.failures += 1
     if _slot.failures >= MAX_FAILURES:
         log.error("zygote: %s; this worker thread runs fresh children from now on", why)

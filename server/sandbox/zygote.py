@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,16 +96,22 @@ class Zygote:
         except OSError as exc:
             raise self._fail(f"cannot write to it: {exc}") from exc
 
-    def wait_ready(self, timeout_s: float) -> dict[str, Any]:
-        if self.info is not None:
-            return self.info
-        message = self.message(timeout_s)
-        if message is None:
-            raise self._fail(f"not ready after {timeout_s:g} s")
-        if message.get("ready") is not True:
-            raise self._fail(f"not ready: {message.get('error')}")
-        self.info = message
-        return message
+    def wait_ready(
+        self, timeout_s: float, should_stop: Callable[[], bool] | None = None
+    ) -> dict[str, Any]:
+        """Its "ready" message (raises ZygoteError when it fails, is late or we stop)."""
+        deadline = time.monotonic() + timeout_s
+        while self.info is None:
+            if should_stop is not None and should_stop():
+                raise ZygoteError("the worker is stopping")
+            message = self.message(min(0.5, deadline - time.monotonic()))
+            if message is not None and message.get("ready") is not True:
+                raise self._fail(f"not ready: {message.get('error')}")
+            if message is not None:
+                self.info = message
+            elif time.monotonic() >= deadline:
+                raise self._fail(f"not ready after {timeout_s:g} s")
+        return self.info
 
     def host_pid(self, pid: int) -> int | None:
         """Our pid of the process that is `pid` in the zygote's pid namespace."""

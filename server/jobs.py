@@ -38,6 +38,7 @@ from server.sandbox.forked import run_forked
 from server.sandbox.runner import Outcome
 from server.sandbox.zygote import ZygoteError
 from server.settings import Settings
+from server.stagetimes import forget, stage_seconds
 from server.summary import summary_columns
 
 __all__ = ["run_job", "session_factory_for", "worker_id", "JobSpec", "prewarm"]
@@ -143,7 +144,22 @@ def _job_json(spec: JobSpec, settings: Settings) -> str:
         data = f"input/{_plain_name(spec.input_filename or 'input.pt')}"
     options = dict(spec.options)
     options["device"] = _device(spec, settings)
-    return json.dumps({"model": model, "input": data, "options": options})
+    seconds = _expected_seconds(settings)
+    return json.dumps({"model": model, "input": data, "options": options, "stage_seconds": seconds})
+
+
+def _expected_seconds(settings: Settings) -> dict[str, float]:
+    """Seconds each stage took lately (the child's progress shares); {} when unknown."""
+    url = str(settings.database_url)
+    try:
+        seconds = stage_seconds(session_factory_for(url), url)
+    except Exception:  # progress is no reason to fail a job
+        log.warning("no recent stage timings for the progress bar", exc_info=True)
+        seconds = {}
+    seconds.pop("import", None)  # recent jobs may have been forked or fresh: not theirs
+    if settings.job_launch == "zygote" and settings.sandbox != "none":
+        seconds["import"] = 0.0  # the zygote imported torch and the pipeline already
+    return seconds
 
 
 def _device(spec: JobSpec, settings: Settings) -> str:
@@ -314,6 +330,8 @@ def _run_job(job_id: int, settings: Settings, should_stop: Callable[[], bool] | 
         if job_dir is not None:
             shutil.rmtree(job_dir, ignore_errors=True)
     _finish(factory, spec, ending)
+    if ending.status == "done":
+        forget(str(settings.database_url))  # its timings size the next job's progress
     log.info("job ended: %s", ending.status, extra={"event": "job_end", "status": ending.status})
     if ending.status == "interrupted":
         from server.queue import enqueue_job

@@ -296,6 +296,7 @@ def test_job_dir_for_a_zip_with_an_input_file(tmp_path):
     assert (job_dir / "upload/pkg/layers.py").read_text() == "class Net: ...\n"
     assert (job_dir / "input/x.pt").read_bytes() == b"tensor bytes"  # no way out of input/
     job = json.loads((job_dir / "job.json").read_text())
+    assert job.pop("stage_seconds") == {"import": 0.0}  # no done job yet; the zygote imported
     assert job == {
         "model": "upload/pkg/model.py:Net",
         "input": "input/x.pt",

@@ -116,7 +116,7 @@ def _outer(
         for target, fd in ((0, null), (1, fds[0]), (2, fds[1])):
             os.dup2(fd, target)
         os.closerange(3, go_read)
-        os.closerange(go_read + 1, 1 << 16)  # the worker's socket above all: not the job's
+        os.closerange(go_read + 1, 1 << 20)  # the worker's socket above all: not the job's
         confine.unshare_job_namespaces()
         pid = os.fork()
         if pid == 0:

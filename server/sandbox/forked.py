@@ -86,14 +86,19 @@ def _run(zygote, job_dir, limits, readonly, on_tick, should_stop, cgroup) -> Out
     return outcome
 
 
-def _started(zygote: Zygote, cgroup: JobCgroup | None) -> int | None:
+def _started(zygote: Zygote, cgroup: JobCgroup | None) -> int:
     """Our pid of the job's outer process, once it is in its cgroup and told to go."""
     reply = zygote.message(ANSWER_TIMEOUT_S)
     if reply is None or not isinstance(reply.get("pid"), int):
         zygote.broken = True
         raise ZygoteError(f"the zygote did not start the job: {reply}")
     host = zygote.host_pid(reply["pid"])
-    if cgroup is not None and host is not None:
+    if host is None:  # we could not watch it: it must not start (it ends before confining)
+        zygote.send({"go": False})
+        zygote.message(ANSWER_TIMEOUT_S)
+        zygote.broken = True
+        raise ZygoteError(f"the zygote's child {reply['pid']} is not in its process tree")
+    if cgroup is not None:
         for procs in cgroup.procs_files:
             for pid in tree_pids(host):
                 with open(procs, "w") as f:
@@ -102,7 +107,7 @@ def _started(zygote: Zygote, cgroup: JobCgroup | None) -> int | None:
     return host
 
 
-def _watch_loop(zygote: Zygote, host: int | None, watch: Watch, on_tick) -> tuple:  # noqa: ANN001
+def _watch_loop(zygote: Zygote, host: int, watch: Watch, on_tick) -> tuple:  # noqa: ANN001
     """(breach, None) when a limit was passed, (None, exit code) when it ended by itself,
     (None, None) when the zygote went away."""
     while True:
@@ -112,7 +117,7 @@ def _watch_loop(zygote: Zygote, host: int | None, watch: Watch, on_tick) -> tupl
             return None, None
         if message is not None:
             return None, int(message.get("exit", -9))
-        breach = watch.breach(host) if host is not None else None
+        breach = watch.breach(host)
         if breach is not None:
             return breach, None
         if on_tick is not None:
@@ -122,10 +127,9 @@ def _watch_loop(zygote: Zygote, host: int | None, watch: Watch, on_tick) -> tupl
                 log.exception("sandbox on_tick failed")
 
 
-def _end(zygote: Zygote, host: int | None, cgroup: JobCgroup | None) -> int | None:
+def _end(zygote: Zygote, host: int, cgroup: JobCgroup | None) -> int | None:
     """Kill the job's tree; its exit code as the zygote saw it (None: no answer)."""
-    if host is not None:
-        kill_tree(host)
+    kill_tree(host)
     if cgroup is not None:
         cgroup.kill()
     try:

@@ -122,7 +122,7 @@ os._exit(0)
             listener.accept()  # nothing reached the host's loopback
     seen = said(outcome)
     assert seen["uid"] == 65534 and seen["cwd"] == "/job"
-    assert seen["pid"] == 1 and seen["pids"] == [1]  # its own pid namespace, its own /proc
+    assert seen["pid"] == 2 and seen["pids"] == [1, 2]  # its own pid namespace and /proc
     assert seen["caps"] == ["0000000000000000"] * 5  # bounding set too
     assert (seen["nnp"], seen["seccomp"]) == ("1", "2")  # no_new_privs, a seccomp filter
     assert seen["jobs"] == [] and seen["hostproc"] == []  # what the zygote sees is hidden
@@ -153,7 +153,7 @@ def test_a_job_cannot_see_another_jobs_files_or_leftovers(zygote):
         " 'pids': [p for p in os.listdir('/proc') if p.isdigit()]}); os._exit(0)\n"
     )
     seen = said(run_upload(zygote, look)[0])
-    assert seen == {"found": [], "tmp": [], "shm": [], "pids": ["1"]}
+    assert seen == {"found": [], "tmp": [], "shm": [], "pids": ["1", "2"]}
     assert _zygote_tasks(zygote) == 1  # and the straggler died with its job
 
 
@@ -170,6 +170,10 @@ def test_a_crash_a_timeout_and_a_memory_hog_do_not_break_the_next_job(zygote):
     assert (crash.status, crash.signal) == ("killed", "SIGSEGV")
     looping, _ = run_upload(zygote, "while True: pass\n", replace(LIMITS, wall_s=2))
     assert looping.status == "timed_out" and "2 s" in looping.reason
+    spinning, _ = run_upload(zygote, "while True: pass\n", replace(LIMITS, cpu_s=1))
+    assert (spinning.status, spinning.signal) == ("timed_out", "SIGXCPU")  # not pid 1: it dies
+    term, _ = run_upload(zygote, "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n")
+    assert (term.status, term.signal) == ("killed", "SIGTERM")
     hog = "x = []\nwhile True: x.append(bytearray(64 * 2**20))\n"  # touched: RSS grows
     hogged, job = run_upload(zygote, hog, replace(LIMITS, memory_bytes=1 * GiB))
     assert ending_from_outcome(hogged, job, "load").status == "out_of_memory", hogged
@@ -190,7 +194,8 @@ def test_the_zygote_never_runs_the_uploads_code(zygote):
         "import builtins, torch\n"
         "builtins.POISONED = True\n"
         "torch.nn.Linear.forward = lambda self, x: 1 / 0\n"
-        "os.kill(os.getppid(), 9)\n"  # its parent is outside its pid namespace: pid 0, itself
+        "os.kill(1, 9); os.kill(os.getppid(), 9)\n"  # its init ignores it
+        "os.kill(os.getpid(), 9)\n"
     )
     outcome, _ = run_upload(zygote, poison)
     assert outcome.status == "killed"

@@ -7,7 +7,8 @@ Per job (the worker speaks first, `wire` messages):
   worker -> {"go": true}   once it watches P (and put it in the job's cgroup)
   zygote -> {"exit": RC}   when the job's processes are gone
 The outer process only makes the namespaces and waits; its child, the pid-namespace
-init, confines itself and runs `inspector.job`. Nothing in this process ever runs the
+init, makes the mounts and reaps; the job process under it confines itself and runs
+`inspector.job`. Nothing in this process ever runs the
 upload's code, so nothing of one job can reach the next.
 """
 
@@ -103,6 +104,11 @@ def _serve_one(sock: socket.socket, request: dict[str, Any], fds: list[int], bpf
     wire.send(sock, {"exit": os.waitstatus_to_exitcode(status)})
 
 
+def _exit_code(status: int) -> int:
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code  # killed by a signal: 128 + its number
+
+
 def _outer(
     request: dict[str, Any], fds: list[int], go_read: int, sock: socket.socket, bpf: bytes
 ) -> None:
@@ -123,8 +129,7 @@ def _outer(
             _init(request, go_read, bpf)  # never returns
         os.close(go_read)
         _, status = os.waitpid(pid, 0)
-        code = os.waitstatus_to_exitcode(status)
-        code = 128 - code if code < 0 else code  # killed by a signal: 128 + its number
+        code = _exit_code(status)
     except BaseException:  # noqa: BLE001 - say why on the job's stderr
         traceback.print_exc()
     finally:
@@ -132,11 +137,36 @@ def _outer(
 
 
 def _init(request: dict[str, Any], go_read: int, bpf: bytes) -> None:
-    """Pid 1 of the job's namespace: confine, wait for the worker's go, run the job."""
+    """Pid 1 of the job's namespace, as bwrap's own init: make the mounts, give up every
+    privilege, start the job process and reap until it ends (its namespace then dies).
+    The job is not pid 1 itself: the kernel spares pid 1 signals it has no handler for,
+    SIGXCPU from RLIMIT_CPU among them."""
+    code = EXIT_SETUP_FAILED
     try:
         confine.die_with_parent()
         readonly = [str(r) for r in request.get("readonly", [])]
         confine.set_up_mounts(str(request["job"]), readonly, int(request["tmp_bytes"]))
+        pid = os.fork()
+        if pid == 0:
+            _job(request, go_read, bpf)  # never returns
+        os.close(go_read)
+        confine.drop_privileges()
+        confine.load_seccomp(bpf)
+        while True:  # orphans of the job are ours to reap
+            done, status = os.wait()
+            if done == pid:
+                code = _exit_code(status)
+                break
+    except BaseException:  # noqa: BLE001 - nothing of the upload has run yet
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _job(request: dict[str, Any], go_read: int, bpf: bytes) -> None:
+    """The job process: wait for the worker's go, confine, run `inspector.job`."""
+    try:
+        confine.die_with_parent()
         if os.read(go_read, 1) != b"g":
             os._exit(EXIT_SETUP_FAILED)
         os.close(go_read)
@@ -157,10 +187,16 @@ def _init(request: dict[str, Any], go_read: int, bpf: bytes) -> None:
 
 
 def _fresh_process_state(threads: int) -> None:
-    """What a fresh interpreter would differ in: random seeds, torch's thread count."""
+    """What a fresh `python -m inspector.job /job` would differ in: its __main__ and argv,
+    random seeds, torch's thread count."""
     import random
 
     import torch
+
+    import inspector.job
+
+    sys.modules["__main__"] = inspector.job  # messages say "the worker" by its __spec__
+    sys.argv = [inspector.job.__file__, confine.JOB_MOUNT]
 
     random.seed()  # the zygote's state is every child's: reseed from the OS
     if "numpy" in sys.modules:

@@ -25,7 +25,7 @@ __all__ = ["run_forked"]
 
 log = logging.getLogger(__name__)
 ANSWER_TIMEOUT_S = 10.0  # the zygote answers a request or a kill within this
-FORK_OVERHEAD_PROCS = 1  # the job's outer process (its namespaces' parent), ours
+FORK_OVERHEAD_PROCS = 2  # ours: the job's outer process and its pid namespace's init
 
 
 def run_forked(

@@ -243,7 +243,7 @@ def _in_zygote(spec, job_dir, settings, limits, gpu, beat, should_stop) -> Outco
     key = _zygote_key(settings, gpu)
     if key is None:
         return None
-    zygote, waited = pool.take(key, settings.zygote_ready_timeout_s, should_stop)
+    zygote, waited = pool.take(key, settings.zygote_ready_timeout_s, should_stop, beat)
     if zygote is None:
         return None
     spec.timings["zygote_wait"] = round(waited, 4)

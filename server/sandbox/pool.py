@@ -64,7 +64,10 @@ def prewarm(key: ZygoteKey) -> None:
 
 
 def take(
-    key: ZygoteKey, ready_timeout_s: float, should_stop: Callable[[], bool] | None = None
+    key: ZygoteKey,
+    ready_timeout_s: float,
+    should_stop: Callable[[], bool] | None = None,
+    on_tick: Callable[[], None] | None = None,
 ) -> tuple[Zygote | None, float]:
     """This thread's ready zygote (None: run a fresh child) and the seconds waited for it."""
     prewarm(key)
@@ -73,7 +76,7 @@ def take(
         return None, 0.0
     start = time.monotonic()
     try:
-        zygote.wait_ready(ready_timeout_s, should_stop)
+        zygote.wait_ready(ready_timeout_s, should_stop, on_tick)
     except ZygoteError as exc:
         _drop()
         if not (should_stop is not None and should_stop()):

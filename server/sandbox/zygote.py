@@ -97,14 +97,20 @@ class Zygote:
             raise self._fail(f"cannot write to it: {exc}") from exc
 
     def wait_ready(
-        self, timeout_s: float, should_stop: Callable[[], bool] | None = None
+        self,
+        timeout_s: float,
+        should_stop: Callable[[], bool] | None = None,
+        on_tick: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
-        """Its "ready" message (raises ZygoteError when it fails, is late or we stop)."""
+        """Its "ready" message (raises ZygoteError when it fails, is late or we stop);
+        `on_tick` runs meanwhile (the job's heartbeat: a waiting job is not a lost one)."""
         deadline = time.monotonic() + timeout_s
         while self.info is None:
             if should_stop is not None and should_stop():
                 raise ZygoteError("the worker is stopping")
-            message = self.message(min(0.5, deadline - time.monotonic()))
+            if on_tick is not None:
+                on_tick()
+            message = self.message(min(0.25, deadline - time.monotonic()))
             if message is not None and message.get("ready") is not True:
                 raise self._fail(f"not ready: {message.get('error')}")
             if message is not None:

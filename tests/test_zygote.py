@@ -99,8 +99,13 @@ except OSError as e:
     net = e.errno
 unshare = [libc.unshare(0x00020000), ctypes.get_errno()]  # CLONE_NEWNS
 mount = [libc.mount(b"none", b"/tmp", b"tmpfs", 0, None), ctypes.get_errno()]
+def readable(path):
+    try:
+        open(path, "rb").read(1); return True
+    except OSError:
+        return False
 writes = {{}}
-for p in ["{tmp_path}/x", "/usr/x", "/jobs/x", "/tmp/ok", "/job/ok", "/job/upload/x"]:
+for p in ["{tmp_path}/x", "/usr/x", "/jobs/x", "/dev/x", "/tmp/ok", "/job/ok", "/job/upload/x"]:
     try:
         open(p, "w").write("x"); writes[p] = "wrote"
     except OSError as e:
@@ -111,6 +116,7 @@ say({{"uid": os.getuid(), "pid": os.getpid(), "cwd": os.getcwd(),
      "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
      "jobs": os.listdir("/jobs"), "hostproc": os.listdir("/run/hostproc"),
      "fds": sorted(int(f) for f in os.listdir("/proc/self/fd")),
+     "init": [readable("/proc/1/" + f) for f in ("mem", "environ", "cwd/job.json")],
      "net": net, "unshare": unshare, "mount": mount, "writes": writes,
      "env": sorted(os.environ)}})
 os._exit(0)
@@ -127,6 +133,7 @@ os._exit(0)
     assert (seen["nnp"], seen["seccomp"]) == ("1", "2")  # no_new_privs, a seccomp filter
     assert seen["jobs"] == [] and seen["hostproc"] == []  # what the zygote sees is hidden
     assert seen["fds"] == [0, 1, 2, 3]  # 3: the listing itself; not the zygote's socket
+    assert seen["init"] == [False] * 3  # its namespace's init, ours, is closed to it
     assert seen["net"] == 13 and seen["unshare"] == [-1, 1] and seen["mount"] == [-1, 1]
     writes = seen["writes"]
     assert writes["/tmp/ok"] == "wrote" and writes["/job/ok"] == "wrote"
@@ -142,6 +149,7 @@ def test_a_job_cannot_see_another_jobs_files_or_leftovers(zygote):
     (other / "upload" / f"secret{token}.py").write_text("SECRET = 'the other upload'")
     leave = SAY + (
         f"open('/tmp/left{token}', 'w').write('x'); open('/dev/shm/left{token}', 'w').write('x')\n"
+        f"try: open('/dev/left{token}', 'w')\nexcept OSError: pass\n"
         "import subprocess; subprocess.Popen(['sleep', '600'])\n"  # a straggler
         "say('left'); os._exit(0)\n"
     )

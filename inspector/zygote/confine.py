@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 __all__ = [
     "JOBS_MOUNT", "HOST_PROC", "unshare_job_namespaces", "set_up_mounts", "apply_rlimits",
-    "drop_privileges", "load_seccomp", "die_with_parent",
+    "drop_privileges", "load_seccomp", "die_with_parent", "undumpable",
 ]  # fmt: skip
 
 JOBS_MOUNT = "/jobs"  # every job dir of the worker, seen only by the zygote
@@ -33,7 +33,7 @@ MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 # statvfs f_flag bits -> the mount flags a remount must keep (the kernel locks them).
 _ST_TO_MS = {1: MS_RDONLY, 2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: MS_NOATIME,
              2048: MS_NODIRATIME, 4096: MS_RELATIME}  # fmt: skip
-PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_CAPBSET_DROP = 1, 22, 24
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_CAPBSET_DROP = 1, 4, 22, 24
 PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
 SECCOMP_MODE_FILTER = 2
 CAP_VERSION_3 = 0x20080522
@@ -58,6 +58,11 @@ def die_with_parent() -> None:
     _check(_prctl(PR_SET_PDEATHSIG, signal.SIGKILL), "PR_SET_PDEATHSIG")
 
 
+def undumpable() -> None:
+    """Its /proc entries (memory, fds) closed to processes of the same uid: the job's."""
+    _check(_prctl(PR_SET_DUMPABLE, 0), "PR_SET_DUMPABLE")
+
+
 def unshare_job_namespaces() -> None:
     """New mount, pid (for the next fork), network, IPC and UTS namespaces."""
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
@@ -72,6 +77,11 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
 
 def _bind(source: str, target: str, *, readonly: bool) -> None:
     _mount(source, target, None, MS_BIND | MS_REC)
+    _remount(target, readonly=readonly)
+
+
+def _remount(target: str, *, readonly: bool) -> None:
+    """Change this mount's own flags only, keeping those the kernel locked."""
     kept = os.statvfs(target).f_flag
     flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV
     flags |= sum(ms for st, ms in _ST_TO_MS.items() if kept & st)
@@ -91,6 +101,9 @@ def set_up_mounts(job_name: str, readonly: Iterable[str], tmp_bytes: int) -> Non
         if os.path.exists(f"/proc/{name}"):
             _bind(f"/proc/{name}", f"/proc/{name}", readonly=True)
     _tmpfs("/tmp", tmp_bytes)
+    # /dev is the zygote's, shared by every job it forks: read-only, so none leaves a file
+    # there for the next (its nodes still work; /dev/shm is the job's own).
+    _remount("/dev", readonly=True)
     _tmpfs("/dev/shm", tmp_bytes)
     source = f"{JOBS_MOUNT}/{job_name}"
     _bind(source, JOB_MOUNT, readonly=False)

@@ -151,6 +151,7 @@ def _init(request: dict[str, Any], go_read: int, bpf: bytes) -> None:
             _job(request, go_read, bpf)  # never returns
         os.close(go_read)
         confine.drop_privileges()
+        confine.undumpable()
         confine.load_seccomp(bpf)
         while True:  # orphans of the job are ours to reap
             done, status = os.wait()

@@ -30,6 +30,7 @@ def _upload_and_check(url: str) -> None:
     report = body["report"]
     assert report["status"] == "done" and report["capture"]["method"] is not None
     assert report["totals"]["params"] == 36
+    assert "zygote_wait" in report["meta"]["timings_s"]  # forked by the worker's zygote
     # The report is reachable by its slug, immutable JSON, also as Markdown.
     again = httpx.get(f"{url}/api/v1/reports/{slug}", timeout=30).json()
     assert again["report"] == report

@@ -75,14 +75,18 @@ def take(
     if zygote is None:
         return None, 0.0
     start = time.monotonic()
+    fresh = zygote.info is None
     try:
-        zygote.wait_ready(ready_timeout_s, should_stop, on_tick)
+        info = zygote.wait_ready(ready_timeout_s, should_stop, on_tick)
     except ZygoteError as exc:
         _drop()
         if not (should_stop is not None and should_stop()):
             _failed(key, str(exc))
         return None, time.monotonic() - start
     _slot.failures = 0
+    if fresh:
+        log.info("zygote ready: import %.1f s, warm-up %.1f s, %s modules learned",
+                 info.get("import_s", 0), info.get("warmup_s", 0), info.get("modules"))  # fmt: skip
     return zygote, time.monotonic() - start
 
 

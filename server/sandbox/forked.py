@@ -63,6 +63,10 @@ def _run(zygote, job_dir, limits, readonly, on_tick, should_stop, cgroup) -> Out
     started_at, start = time.time(), time.monotonic()
     try:
         zygote.send(_request(job_dir, limits, readonly), (out_write, err_write))
+    except ZygoteError:
+        os.close(out_read)
+        os.close(err_read)
+        raise
     finally:
         os.close(out_write)
         os.close(err_write)

@@ -18,6 +18,7 @@ from inspector.fit import check_inputs_fit
 from inspector.inputspec import parse_input
 from inspector.loaders.load import load_model
 from inspector.passes import PASSES
+from inspector.progress import StagePlan
 from inspector.report import Meta, Report
 from inspector.versions import versions
 
@@ -49,7 +50,9 @@ def inspect_model(
     """Inspect `model` (file.py:entry, a .pt2, preset:NAME, a config.json) on `input`.
 
     `input` is an input spec (JSON text) or a tensor file path; None uses the model's own
-    example inputs. `progress(stage, percent)` is called as stages start.
+    example inputs. `progress(stage, percent)` is called as stages start; the percent is
+    the expected share of the time before the stage (its `stage_seconds`, if it has them:
+    expected seconds by stage, else inspector.progress's table).
     """
     options = options or Options()
     options.device = resolve_device(options.device)
@@ -59,10 +62,12 @@ def inspect_model(
     report = Report(meta=_meta(model, input, options))
     timings = report.meta.timings_s
     notify = progress or (lambda stage, percent: None)
+    ran = [name for name, _ in PASSES if options.wants(name)]
+    plan = StagePlan(["load", "capture", *ran], getattr(progress, "stage_seconds", None))
     torch.manual_seed(options.seed)
     fake_mode = new_fake_mode() if options.fake else None
 
-    notify("load", 0)
+    notify("load", plan.percent("load"))
     with _timed(timings, "load"):
         loaded = load_model(model, fake_mode=fake_mode, device=options.device)
         factory = parse_input(input, loaded)
@@ -78,16 +83,16 @@ def inspect_model(
     report.meta.dims = dict(inputs.dims)
 
     ctx = Context(loaded, factory, inputs, options, report, fake_mode=fake_mode)
-    notify("capture", 10)
+    notify("capture", plan.percent("capture"))
     with _timed(timings, "capture"):
         ctx.capture = capture_graph(ctx)
     report.capture.method = ctx.capture.method
     report.capture.attempts = ctx.capture.attempts
 
-    for i, (name, run) in enumerate(PASSES):
+    for name, run in PASSES:
         if not options.wants(name):
             continue
-        notify(name, 20 + 75 * i // max(len(PASSES), 1))
+        notify(name, plan.percent(name))
         with _timed(timings, name):
             run(ctx)
     report.capture.node_count = len(report.nodes)

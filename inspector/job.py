@@ -29,15 +29,35 @@ _OOM_TEXT = ("can't allocate memory", "DefaultCPUAllocator", "out of memory")
 
 
 class Progress:
-    """The progress callback: appends a JSON line per stage, remembers the last stage."""
+    """The progress callback: appends a JSON line per stage, remembers the last stage.
 
-    def __init__(self, path: Path) -> None:
+    `stage_seconds` (from job.json: what recent jobs took per stage) sizes each stage's
+    share of the bar (inspector.progress); the import, before the analysis, gets its own."""
+
+    def __init__(self, path: Path, stage_seconds: dict[str, float] | None = None) -> None:
+        from inspector.progress import DEFAULT_STAGE_SECONDS
+
         self.path = path
         self.stage = "start"
+        self.stage_seconds = dict(stage_seconds or {})
+        expected = {**DEFAULT_STAGE_SECONDS, **self.stage_seconds}
+        expected = {k: float(expected[k]) for k in DEFAULT_STAGE_SECONDS}  # stages only
+        import_s = max(expected.pop("import"), 0.0)
+        total = import_s + sum(v for v in expected.values() if v > 0)
+        self.import_share = round(100 * import_s / total) if total > 0 else 0
+
+    def _scaled(self, stage: str, percent: int) -> int:
+        """The analysis' own percent, after the import's share."""
+        if stage == "start":
+            return 0
+        if stage == "imported":
+            return self.import_share
+        return self.import_share + int(percent) * (100 - self.import_share) // 100
 
     def __call__(self, stage: str, percent: int) -> None:
         self.stage = stage
-        line = json.dumps({"stage": stage, "percent": int(percent), "t": round(time.time(), 4)})
+        percent = self._scaled(stage, percent)
+        line = json.dumps({"stage": stage, "percent": percent, "t": round(time.time(), 4)})
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
 
@@ -115,6 +135,15 @@ def _run(job_dir: Path, progress: Progress) -> None:
     _write_atomic(job_dir / "report.json", report.to_json())
 
 
+def _stage_seconds(job_dir: Path) -> dict[str, float]:
+    """job.json's `stage_seconds`, or {} (the table's defaults) when absent or unreadable."""
+    try:
+        value = json.loads((job_dir / "job.json").read_text(encoding="utf-8")).get("stage_seconds")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -123,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     job_dir = Path(argv[0]).resolve()
     os.chdir(job_dir)  # paths in job.json are relative to DIR
     faulthandler.enable()  # a segfault still prints where (to the captured stderr)
-    progress = Progress(job_dir / "progress.jsonl")
+    progress = Progress(job_dir / "progress.jsonl", _stage_seconds(job_dir))
     progress("start", 0)
     try:
         _run(job_dir, progress)

@@ -31,13 +31,17 @@ from server.blobs.fetch import stored_file
 from server.db import make_engine, make_session_factory, session_scope
 from server.logs import job_context
 from server.models import Job, utcnow
-from server.sandbox import Limits, job_python_command, run_child, sandbox_available
+from server.sandbox import Limits, job_python_command, pool, run_child, sandbox_available
 from server.sandbox.childfiles import ProgressReader
 from server.sandbox.ending import Ending, ending_from_outcome, failure
+from server.sandbox.forked import run_forked
+from server.sandbox.runner import Outcome
+from server.sandbox.zygote import ZygoteError
 from server.settings import Settings
+from server.stagetimes import forget, stage_seconds
 from server.summary import summary_columns
 
-__all__ = ["run_job", "session_factory_for", "worker_id", "JobSpec"]
+__all__ = ["run_job", "session_factory_for", "worker_id", "JobSpec", "prewarm"]
 
 log = logging.getLogger(__name__)
 READONLY = ("upload", "input", "job.json")
@@ -140,7 +144,22 @@ def _job_json(spec: JobSpec, settings: Settings) -> str:
         data = f"input/{_plain_name(spec.input_filename or 'input.pt')}"
     options = dict(spec.options)
     options["device"] = _device(spec, settings)
-    return json.dumps({"model": model, "input": data, "options": options})
+    seconds = _expected_seconds(settings)
+    return json.dumps({"model": model, "input": data, "options": options, "stage_seconds": seconds})
+
+
+def _expected_seconds(settings: Settings) -> dict[str, float]:
+    """Seconds each stage took lately (the child's progress shares); {} when unknown."""
+    url = str(settings.database_url)
+    try:
+        seconds = stage_seconds(session_factory_for(url), url)
+    except Exception:  # progress is no reason to fail a job
+        log.warning("no recent stage timings for the progress bar", exc_info=True)
+        seconds = {}
+    seconds.pop("import", None)  # recent jobs may have been forked or fresh: not theirs
+    if settings.job_launch == "zygote" and settings.sandbox != "none":
+        seconds["import"] = 0.0  # the zygote imported torch and the pipeline already
+    return seconds
 
 
 def _device(spec: JobSpec, settings: Settings) -> str:
@@ -173,6 +192,25 @@ class _Heartbeat:
             )  # fmt: skip
 
 
+def _wants_gpu(device: str) -> bool:
+    return device in ("auto", "cuda") and any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def _zygote_key(settings: Settings, gpu: bool) -> pool.ZygoteKey | None:
+    """The zygote for jobs under these settings, or None: fresh children only."""
+    if settings.job_launch != "zygote" or settings.sandbox == "none":
+        return None
+    limits = Limits.from_settings(settings, cuda=gpu)
+    return pool.ZygoteKey(settings.data_dir / "jobs", limits, gpu)
+
+
+def prewarm(settings: Settings) -> None:
+    """Start this thread's zygote ahead of its first job (a consumer thread's start)."""
+    key = _zygote_key(settings, _wants_gpu(str(settings.device)))
+    if key is not None and sandbox_available()[0]:
+        pool.prewarm(key)
+
+
 def _execute(
     spec: JobSpec,
     job_dir: Path,
@@ -181,22 +219,43 @@ def _execute(
     should_stop: Callable[[], bool] | None,
 ) -> Ending:
     confined = settings.sandbox != "none"
-    device = _device(spec, settings)
-    gpu = device in ("auto", "cuda") and any(Path("/dev").glob("nvidia[0-9]*"))
+    gpu = _wants_gpu(_device(spec, settings))
     limits = Limits.from_settings(settings, cuda=gpu)
     beat = _Heartbeat(factory, spec, job_dir, settings.job_heartbeat_s)
     # One line per sandboxed child started: the load bench counts them (each job runs once).
     log.info("sandbox start", extra={"event": "sandbox_start", "worker": spec.worker})
-    outcome = run_child(
-        job_python_command(), job_dir, limits, confined=confined, readonly=READONLY,
-        gpu=gpu, on_tick=beat, should_stop=should_stop,
-    )  # fmt: skip
+    outcome = _in_zygote(spec, job_dir, settings, limits, gpu, beat, should_stop)
+    if outcome is None:
+        outcome = run_child(
+            job_python_command(), job_dir, limits, confined=confined, readonly=READONLY,
+            gpu=gpu, on_tick=beat, should_stop=should_stop,
+        )  # fmt: skip
     beat.progress.poll()
     start_t = beat.progress.times.get("start")
     if start_t is not None:
         spec.timings["sandbox_start"] = round(start_t - outcome.started_at, 4)
     spec.timings["child"] = round(outcome.duration_s, 4)
     return ending_from_outcome(outcome, job_dir, beat.progress.stage or "start")
+
+
+def _in_zygote(spec, job_dir, settings, limits, gpu, beat, should_stop) -> Outcome | None:  # noqa: ANN001
+    """The job run by this thread's zygote; None when no zygote can take it (run it fresh)."""
+    key = _zygote_key(settings, gpu)
+    if key is None:
+        return None
+    zygote, waited = pool.take(key, settings.zygote_ready_timeout_s, should_stop, beat)
+    if zygote is None:
+        return None
+    spec.timings["zygote_wait"] = round(waited, 4)
+    try:
+        return run_forked(
+            zygote, job_dir, limits, readonly=READONLY, on_tick=beat, should_stop=should_stop
+        )
+    except ZygoteError as exc:  # before the job started: it runs fresh instead
+        log.warning("job %s: %s; running it as a fresh child", spec.id, exc)
+        return None
+    finally:
+        pool.give_back(zygote, settings.zygote_max_jobs)
 
 
 def _refusal(settings: Settings) -> str | None:
@@ -271,6 +330,8 @@ def _run_job(job_id: int, settings: Settings, should_stop: Callable[[], bool] | 
         if job_dir is not None:
             shutil.rmtree(job_dir, ignore_errors=True)
     _finish(factory, spec, ending)
+    if ending.status == "done":
+        forget(str(settings.database_url))  # its timings size the next job's progress
     log.info("job ended: %s", ending.status, extra={"event": "job_end", "status": ending.status})
     if ending.status == "interrupted":
         from server.queue import enqueue_job

@@ -66,6 +66,11 @@ class Settings(BaseSettings):
     job_stale_after_s: float = 60.0  # no heartbeat for this long: its worker is gone
     job_nice: int = 10  # job children run this much nicer (0-19): web requests go first
     job_sched_idle: bool = False  # job children in SCHED_IDLE: the CPU only when it is idle
+    # zygote: children forked from a sandboxed process that has torch imported (one per
+    # consumer thread, started ahead); fresh: a new sandboxed interpreter per job.
+    job_launch: Literal["zygote", "fresh"] = "zygote"
+    zygote_max_jobs: int = 100  # a zygote is replaced after this many jobs
+    zygote_ready_timeout_s: float = 300.0  # a job waits this long for a starting zygote
     queue_name: str = "inspector"  # the huey queue (one per deployment; a Redis key prefix)
     # Access (server.auth): who may upload, re-run and delete.
     auth: Literal["none", "token"] = "none"  # token: `Authorization: Bearer <API token>`

@@ -23,11 +23,11 @@ from sqlalchemy import select, update
 
 from server.blobs.fetch import prune_cache
 from server.db import session_scope
-from server.jobs import run_job, session_factory_for
+from server.jobs import prewarm, run_job, session_factory_for
 from server.logs import configure_logging
 from server.models import Job, utcnow
 from server.queue import enqueue_job, get_huey, job_id_of
-from server.sandbox import sandbox_available
+from server.sandbox import pool, sandbox_available
 from server.settings import Settings
 from server.workers_seen import announce_worker
 
@@ -43,6 +43,17 @@ POLL_S = 0.1  # SQLite queue polling (Redis blocks on its list instead)
 
 def _consume(settings: Settings, stop: threading.Event) -> None:
     huey = get_huey(settings)
+    try:
+        prewarm(settings)  # this thread's zygote imports torch while the queue is empty
+    except Exception:  # no zygote: the jobs run as fresh children
+        log.exception("starting the zygote failed")
+    try:
+        _consume_loop(settings, stop, huey)
+    finally:
+        pool.close_this_thread()
+
+
+def _consume_loop(settings: Settings, stop: threading.Event, huey) -> None:  # noqa: ANN001
     while not stop.is_set():
         try:
             task = huey.dequeue()

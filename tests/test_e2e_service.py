@@ -35,6 +35,7 @@ def _upload_and_check(url: str) -> None:
     assert compiled["computed"] and compiled["error"] is None, compiled
     assert (compiled["graph_count"], compiled["graph_break_count"]) == (1, 0)
     assert report["meta"]["versions"]["torch"] == report["meta"]["torch_version"]
+    assert "zygote_wait" in report["meta"]["timings_s"]  # forked by the worker's zygote
     # The report is reachable by its slug, immutable JSON, also as Markdown.
     again = httpx.get(f"{url}/api/v1/reports/{slug}", timeout=30).json()
     assert again["report"] == report

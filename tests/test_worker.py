@@ -296,9 +296,85 @@ def test_job_dir_for_a_zip_with_an_input_file(tmp_path):
     assert (job_dir / "upload/pkg/layers.py").read_text() == "class Net: ...\n"
     assert (job_dir / "input/x.pt").read_bytes() == b"tensor bytes"  # no way out of input/
     job = json.loads((job_dir / "job.json").read_text())
+    assert job.pop("stage_seconds") == {"import": 0.0}  # no done job yet; the zygote imported
     assert job == {
         "model": "upload/pkg/model.py:Net",
         "input": "input/x.pt",
         "options": {"optimizer": "sgd", "device": "cpu"},  # this worker is cpu-only
     }
     assert get_job(settings, job_id).status == "running"
+
+
+# --- the zygote (INSPECTOR_JOB_LAUNCH=zygote, the default) ---------------------------------
+
+
+def _comparable(value):  # noqa: ANN001, ANN202 - any part of a report's JSON
+    """A report without what differs between any two runs: when, and how long."""
+    if isinstance(value, dict):
+        drop = ("timings_s", "created_at", "seconds")
+        return {k: _comparable(v) for k, v in value.items() if k not in drop}
+    if isinstance(value, list):
+        return [_comparable(v) for v in value]
+    return value
+
+
+@needs_sandbox
+def test_a_zygote_child_gives_the_report_a_fresh_child_gives(tmp_path):
+    from server.sandbox import pool
+
+    reports, timings = {}, {}
+    try:
+        for launch in ("fresh", "zygote"):
+            settings = make_settings(tmp_path / launch, job_launch=launch)
+            job_id = add_job(settings)
+            assert run_job(job_id, settings) == "done"
+            _assert_tiny_model_done(settings, job_id)
+            report = get_job(settings, job_id).report_json
+            reports[launch], timings[launch] = _comparable(report), report["meta"]["timings_s"]
+    finally:
+        pool.close_this_thread()
+    assert "zygote_wait" in timings["zygote"] and "zygote_wait" not in timings["fresh"]
+    assert timings["zygote"]["import"] < 0.5 * timings["fresh"]["import"]  # imported already
+    assert reports["zygote"] == reports["fresh"]
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_the_zygote_is_replaced_after_max_jobs_and_when_it_dies(tmp_path):
+    from server.sandbox import pool
+
+    settings = make_settings(tmp_path, zygote_max_jobs=2)
+    after, waits = [], []  # this thread's zygote after each job; each job's wait for one
+    try:
+        for round_ in range(4):
+            job_id = add_job(settings)
+            assert run_job(job_id, settings) == "done", get_job(settings, job_id).error_message
+            waits.append(
+                get_job(settings, job_id).report_json["meta"]["timings_s"].get("zygote_wait")
+            )
+            after.append(pool._slot.zygote)
+            if round_ == 2:  # the second zygote dies between jobs
+                os.killpg(after[-1].proc.pid, signal.SIGKILL)
+    finally:
+        pool.close_this_thread()
+    first, second, _, third = after
+    # Jobs 1-2 ran on the first; the second was started right after job 2 (pre-warmed) and
+    # ran job 3; job 4 found it dead and got a third. Every job ran forked from a zygote.
+    assert after == [first, second, second, third] and len({id(z) for z in after}) == 3
+    assert (first.jobs_run, second.jobs_run, third.jobs_run) == (2, 1, 1)
+    assert first.proc.poll() is not None and second.proc.poll() is not None
+    assert None not in waits
+
+
+@needs_sandbox
+def test_a_zygote_that_is_not_ready_in_time_leaves_the_job_to_a_fresh_child(tmp_path):
+    from server.sandbox import pool
+
+    settings = make_settings(tmp_path, zygote_ready_timeout_s=0.01)
+    job_id = add_job(settings)
+    try:
+        assert run_job(job_id, settings) == "done"
+    finally:
+        pool.close_this_thread()
+    timings = get_job(settings, job_id).report_json["meta"]["timings_s"]
+    assert "zygote_wait" not in timings and timings["import"] > 0.2  # a fresh interpreter

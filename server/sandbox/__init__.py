@@ -2,7 +2,9 @@
 
 `run_child(argv, job_dir, limits)` runs one child confined and returns an `Outcome`
 (done, failed, timed_out, out_of_memory, killed, with a reason); `sandbox_available()`
-says once whether this host can confine children at all.
+says once whether this host can confine children at all. `forked.run_forked` runs a job
+as a child of a pre-warmed zygote (`zygote.py`, one per worker thread: `pool.py`), watched
+the same way and named the same way.
 """
 
 from __future__ import annotations

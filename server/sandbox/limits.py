@@ -14,7 +14,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Limits", "priority_prefix", "prlimit_prefix", "address_space_bytes"]
+__all__ = ["Limits", "priority_prefix", "prlimit_prefix", "address_space_bytes", "rlimit_values"]
 
 MiB = 1024**2
 GiB = 1024**3
@@ -69,22 +69,36 @@ def priority_prefix(limits: Limits) -> list[str]:
     return args
 
 
-def prlimit_prefix(limits: Limits) -> list[str]:
-    """`prlimit --as=... -- ` ; soft CPU limit sends SIGXCPU, the hard one SIGKILL 5 s later."""
-    prlimit = shutil.which("prlimit") or "/usr/bin/prlimit"
-    args = [
-        prlimit,
-        f"--cpu={limits.cpu_s}:{limits.cpu_s + 5}",
-        f"--nofile={limits.max_open_files}",
-        f"--fsize={limits.max_file_bytes}",
-        "--core=0",
-    ]
+def rlimit_values(limits: Limits) -> dict[str, tuple[int, int]]:
+    """The kernel's limits for one job child: {"RLIMIT_CPU": (soft, hard), ...}. The soft
+    CPU limit sends SIGXCPU, the hard one SIGKILL 5 s later."""
+    values = {
+        "RLIMIT_CPU": (limits.cpu_s, limits.cpu_s + 5),
+        "RLIMIT_NOFILE": (limits.max_open_files, limits.max_open_files),
+        "RLIMIT_FSIZE": (limits.max_file_bytes, limits.max_file_bytes),
+        "RLIMIT_CORE": (0, 0),
+    }
     if os.geteuid() != 0:
         # RLIMIT_NPROC counts every task of the real uid (the worker's own too) and is
         # not enforced for root at all; the watchdog and the pids cgroup count as well.
-        args.append(f"--nproc={limits.max_procs + _tasks_of_uid(os.geteuid())}")
+        nproc = limits.max_procs + _tasks_of_uid(os.geteuid())
+        values["RLIMIT_NPROC"] = (nproc, nproc)
     if limits.address_space:
-        args.append(f"--as={address_space_bytes(limits)}")
+        values["RLIMIT_AS"] = (address_space_bytes(limits), address_space_bytes(limits))
+    return values
+
+
+_PRLIMIT_FLAGS = {"RLIMIT_CPU": "cpu", "RLIMIT_NOFILE": "nofile", "RLIMIT_FSIZE": "fsize",
+                  "RLIMIT_CORE": "core", "RLIMIT_NPROC": "nproc", "RLIMIT_AS": "as"}  # fmt: skip
+
+
+def prlimit_prefix(limits: Limits) -> list[str]:
+    """`prlimit --cpu=S:H ... --` : `rlimit_values` set on the command that follows."""
+    prlimit = shutil.which("prlimit") or "/usr/bin/prlimit"
+    args = [prlimit]
+    for name, (soft, hard) in rlimit_values(limits).items():
+        value = f"{soft}:{hard}" if soft != hard else str(soft)
+        args.append(f"--{_PRLIMIT_FLAGS[name]}={value}")
     return [*args, "--"]
 
 

@@ -7,7 +7,7 @@ import os
 import signal
 from dataclasses import dataclass
 
-__all__ = ["TreeUsage", "tree_pids", "tree_usage", "kill_tree"]
+__all__ = ["TreeUsage", "tree_pids", "tree_usage", "kill_tree", "ns_pids"]
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
@@ -82,3 +82,15 @@ def kill_tree(root: int, pids: list[int] | tuple[int, ...] = ()) -> None:
     for pid in set(pids) | set(tree_pids(root)):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+
+
+def ns_pids(pid: int) -> list[int]:
+    """`pid`'s numbers from our pid namespace inwards (`NSpid:` of /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return [int(n) for n in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []

@@ -50,7 +50,7 @@ class Outcome:
 
 
 @dataclass
-class _Watch:
+class Watch:
     limits: Limits
     job_dir: Path
     start: float
@@ -59,11 +59,12 @@ class _Watch:
     peak_procs: int = 0
     next_disk_check: float = 0.0
     should_stop: Callable[[], bool] | None = None
+    overhead_procs: int = SANDBOX_OVERHEAD_PROCS  # processes of ours in the watched tree
 
     def breach(self, pid: int) -> tuple[str, str] | None:
         """(status, reason) when the child went past a limit, else None."""
         usage = tree_usage(pid)
-        procs = max(len(usage.pids) - SANDBOX_OVERHEAD_PROCS, 0)
+        procs = max(len(usage.pids) - self.overhead_procs, 0)
         self.peak_rss = max(self.peak_rss, usage.rss_bytes)
         self.peak_procs = max(self.peak_procs, procs)
         lim, now = self.limits, time.monotonic()
@@ -81,7 +82,7 @@ class _Watch:
         return None
 
     def _disk_breach(self) -> tuple[str, str] | None:
-        used, files = _disk_usage(self.job_dir, self.limits.max_job_files * 2)
+        used, files = disk_usage(self.job_dir, self.limits.max_job_files * 2)
         if used - self.base_disk[0] > self.limits.max_file_bytes:
             return "killed", f"wrote more than {_gib(self.limits.max_file_bytes)} to its job folder"
         if files - self.base_disk[1] > self.limits.max_job_files:
@@ -93,7 +94,7 @@ def _gib(n: int) -> str:
     return f"{n / 1024**3:.2f} GiB" if n >= 1024**3 else f"{n / 1024**2:.0f} MiB"
 
 
-def _disk_usage(root: Path, max_files: int) -> tuple[int, int]:
+def disk_usage(root: Path, max_files: int) -> tuple[int, int]:
     """(bytes allocated, file count) under `root`, not following links; stops counting
     past `max_files` entries."""
     used, files, todo = 0, 0, [str(root)]
@@ -147,11 +148,11 @@ def run_child(
     path when not `confined`) and return how it ended. `on_tick` runs every poll; when
     `should_stop()` turns true the child is ended with status `interrupted`."""
     fd = seccomp_fd() if confined else -1
-    cgroup = JobCgroup.create(limits.max_procs + 8, _cgroup_memory(limits))
+    cgroup = JobCgroup.create(limits.max_procs + 8, cgroup_memory(limits))
     try:
         full = _spawn_argv(argv, job_dir, limits, confined, tuple(readonly), gpu, fd, cgroup)
-        base = _disk_usage(job_dir, limits.max_job_files)
-        watch = _Watch(limits, job_dir, time.monotonic(), base, should_stop=should_stop)
+        base = disk_usage(job_dir, limits.max_job_files)
+        watch = Watch(limits, job_dir, time.monotonic(), base, should_stop=should_stop)
         return _supervise(full, watch, fd, cgroup, on_tick)
     finally:
         if fd >= 0:
@@ -160,13 +161,13 @@ def run_child(
             cgroup.remove()
 
 
-def _cgroup_memory(limits: Limits) -> int:
+def cgroup_memory(limits: Limits) -> int:
     # The watchdog acts at memory_bytes; the cgroup is the hard ceiling just above it,
     # and also counts the tmpfs pages of /tmp and /dev/shm.
     return limits.memory_bytes + 2 * limits.tmp_bytes + CGROUP_MEMORY_MARGIN_BYTES
 
 
-def _supervise(full, watch: _Watch, fd, cgroup, on_tick) -> Outcome:  # noqa: ANN001
+def _supervise(full, watch: Watch, fd, cgroup, on_tick) -> Outcome:  # noqa: ANN001
     limits, job_dir = watch.limits, watch.job_dir
     started_at, start = time.time(), time.monotonic()
     watch.start = start
@@ -185,7 +186,7 @@ def _supervise(full, watch: _Watch, fd, cgroup, on_tick) -> Outcome:  # noqa: AN
     rc = proc.wait()
     out.join(5)
     err.join(5)
-    outcome = _name_ending(rc, breach, cgroup, limits)
+    outcome = name_ending(rc, breach, cgroup, limits)
     outcome.started_at, outcome.duration_s = started_at, time.monotonic() - start
     outcome.peak_rss_bytes, outcome.peak_procs = watch.peak_rss, watch.peak_procs
     outcome.stdout, outcome.stderr = out.text(), err.text()
@@ -193,7 +194,7 @@ def _supervise(full, watch: _Watch, fd, cgroup, on_tick) -> Outcome:  # noqa: AN
     return outcome
 
 
-def _watch_loop(proc: subprocess.Popen, watch: _Watch, on_tick) -> tuple[str, str] | None:  # noqa: ANN001
+def _watch_loop(proc: subprocess.Popen, watch: Watch, on_tick) -> tuple[str, str] | None:  # noqa: ANN001
     while True:
         try:
             proc.wait(timeout=watch.limits.poll_s)
@@ -210,7 +211,7 @@ def _watch_loop(proc: subprocess.Popen, watch: _Watch, on_tick) -> tuple[str, st
                 log.exception("sandbox on_tick failed")
 
 
-def _name_ending(rc: int, breach, cgroup, limits: Limits) -> Outcome:  # noqa: ANN001
+def name_ending(rc: int, breach, cgroup, limits: Limits) -> Outcome:  # noqa: ANN001
     if breach is not None:
         return Outcome(breach[0], breach[1], exit_code=rc)
     if cgroup is not None and cgroup.oom_killed():

@@ -12,7 +12,7 @@ import errno
 import os
 from functools import lru_cache
 
-__all__ = ["seccomp_bpf", "seccomp_fd", "BLOCKED_SYSCALLS"]
+__all__ = ["seccomp_bpf", "seccomp_fd", "BLOCKED_SYSCALLS", "ZYGOTE_ALLOWED"]
 
 AF_UNIX = 1
 # clone(2) flags that create namespaces.
@@ -36,12 +36,19 @@ BLOCKED_SYSCALLS = (
 )  # fmt: skip
 
 
-def _build():  # noqa: ANN202 - pyseccomp.SyscallFilter
+# What the zygote itself may still do: its forked children make their namespaces and
+# mounts, then install the whole filter on top (filters stack: the strictest answer wins).
+ZYGOTE_ALLOWED = ("unshare", "mount", "umount2")
+
+
+def _build(zygote: bool = False):  # noqa: ANN202 - pyseccomp.SyscallFilter
     import pyseccomp as sc
 
     flt = sc.SyscallFilter(sc.ALLOW)
     deny = sc.ERRNO(errno.EPERM)
     for name in BLOCKED_SYSCALLS:
+        if zygote and name in ZYGOTE_ALLOWED:
+            continue
         try:
             flt.add_rule(deny, name)
         except (ValueError, OSError):  # unknown on this architecture
@@ -54,10 +61,11 @@ def _build():  # noqa: ANN202 - pyseccomp.SyscallFilter
     return flt
 
 
-@lru_cache(maxsize=1)
-def seccomp_bpf() -> bytes:
-    """The compiled BPF program (raises ImportError/OSError when libseccomp is missing)."""
-    flt = _build()
+@lru_cache(maxsize=2)
+def seccomp_bpf(zygote: bool = False) -> bytes:
+    """The compiled BPF program (raises ImportError/OSError when libseccomp is missing);
+    `zygote`: the zygote's, which lets its children set themselves up."""
+    flt = _build(zygote)
     read, write = os.pipe()
     try:
         with os.fdopen(write, "wb", closefd=True) as out:
@@ -68,9 +76,9 @@ def seccomp_bpf() -> bytes:
         os.close(read)
 
 
-def seccomp_fd() -> int:
+def seccomp_fd(zygote: bool = False) -> int:
     """A fresh readable fd holding the BPF program, for `bwrap --seccomp FD`."""
-    data = seccomp_bpf()
+    data = seccomp_bpf(zygote)
     fd = os.memfd_create("inspector-seccomp", 0)
     os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)

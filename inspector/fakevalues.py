@@ -169,14 +169,25 @@ class ValuedFakeTensorMode(FakeTensorMode):
         tensor sharing their storage lose their values."""
         for written in _written_args(func, args, kwargs):
             value = value_of(written) if isinstance(written, FakeTensor) else written
-            if not isinstance(value, torch.Tensor):
+            storage = _storage_ptr(value)
+            if storage is None:
                 continue
-            storage = value.untyped_storage().data_ptr()
             for fake in list(self.valued.keys()):
                 known = value_of(fake)
-                if known is not None and known.untyped_storage().data_ptr() == storage:
+                if known is not None and _storage_ptr(known) == storage:
                     delattr(fake, _ATTR)
                     self.valued.pop(fake, None)
+
+
+def _storage_ptr(value: Any) -> int | None:
+    """Where a real tensor's data lives; None for what has no data of its own (a fake, a
+    wrapper subclass such as FSDP's DTensor, a storage resized away)."""
+    if not isinstance(value, torch.Tensor) or isinstance(value, FakeTensor):
+        return None
+    try:
+        return value.untyped_storage().data_ptr()
+    except RuntimeError:
+        return None
 
 
 def _real_args(func: Any, args: Any, kwargs: Any) -> tuple[tuple, dict] | None:

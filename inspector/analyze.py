@@ -15,6 +15,7 @@ from inspector.capture import capture_graph
 from inspector.context import Context, Options
 from inspector.fit import check_inputs_fit
 from inspector.inputspec import parse_input
+from inspector.loaders.compiled import compiled_note, unwrap_compiled
 from inspector.loaders.load import load_model
 from inspector.passes import PASSES
 from inspector.report import Meta, Report
@@ -70,6 +71,9 @@ def inspect_model(
     notify("load", 0)
     with _timed(timings, "load"):
         loaded = load_model(model, fake_mode=fake_mode, device=options.device)
+        loaded.model, compiled = unwrap_compiled(loaded.model)
+        if compiled:
+            report.meta.warnings.append(compiled_note(compiled))
         factory = parse_input(input, loaded)
         with fake_mode or nullcontext():
             inputs = factory.build(device=options.device)

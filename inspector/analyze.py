@@ -15,12 +15,13 @@ from inspector.capture import capture_graph
 from inspector.context import Context, Options
 from inspector.fit import check_inputs_fit
 from inspector.inputspec import parse_input
+from inspector.isolation import isolation_mode, run_passes
 from inspector.loaders.compiled import compiled_note, unwrap_compiled
 from inspector.loaders.load import load_model
 from inspector.passes import PASSES
 from inspector.report import Meta, Report
 
-__all__ = ["inspect_model", "resolve_device"]
+__all__ = ["inspect_model", "resolve_device", "finish_report"]
 
 
 def resolve_device(device: str) -> str:
@@ -93,15 +94,38 @@ def inspect_model(
     report.capture.method = ctx.capture.method
     report.capture.attempts = ctx.capture.attempts
 
-    for i, (name, run) in enumerate(PASSES):
-        if not options.wants(name):
-            continue
-        notify(name, 20 + 75 * i // max(len(PASSES), 1))
-        with _timed(timings, name):
-            run(ctx)
-    report.capture.node_count = len(report.nodes)
+    _run_passes(ctx, notify)
     notify("done", 100)
-    return report
+    return ctx.report
+
+
+def _run_passes(ctx: Context, notify) -> None:  # noqa: ANN001 - progress(stage, percent)
+    """Every pass asked for, each in a forked child where that is cheap (a native crash
+    then costs only its pass: inspector/isolation.py), else in this process."""
+    selected = [
+        (name, run, 20 + 75 * i // max(len(PASSES), 1))
+        for i, (name, run) in enumerate(PASSES)
+        if ctx.options.wants(name)
+    ]
+    isolate, why = isolation_mode(ctx.options.isolate, ctx.options.fake, ctx.options.device)
+    ctx.report.meta.isolation = why
+
+    def timed(stage: str):  # noqa: ANN202 - a context manager
+        return _timed(ctx.report.meta.timings_s, stage)
+
+    if isolate:
+        run_passes(ctx, selected, notify, timed, finish_report)
+        return
+    for name, run, percent in selected:
+        notify(name, percent)
+        with timed(name):
+            run(ctx)
+    finish_report(ctx)
+
+
+def finish_report(ctx: Context) -> None:
+    """What the report needs once every pass has run."""
+    ctx.report.capture.node_count = len(ctx.report.nodes)
 
 
 def _builds_from_config(model: str) -> bool:

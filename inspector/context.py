@@ -42,6 +42,8 @@ class Options:
     serving: bool | None = None  # serving memory; None: on for presets/configs of decoder LMs
     # overrides of the health thresholds (inspector.health.thresholds.DEFAULTS)
     thresholds: dict[str, float] = field(default_factory=dict)
+    # passes in forked children (a native crash costs one pass); None: where it is cheap
+    isolate: bool | None = None
 
     def wants(self, name: str) -> bool:
         return self.passes is None or name in self.passes

@@ -148,6 +148,9 @@ class Meta(_Model):
     timings_s: dict[str, float] = Field(default_factory=dict)
     created_at: str = ""
     warnings: list[str] = Field(default_factory=list)
+    # how the passes ran: "fork per pass" (a native crash costs only that pass) or why not
+    isolation: str | None = None
+    failed_passes: dict[str, str] = Field(default_factory=dict)  # pass -> the signal, where
 
 
 class TimelinePoint(_Model):

@@ -24,6 +24,7 @@ from inspector.graph.hooks import record_hooks
 from inspector.graph.lenient import fake_context
 from inspector.graph.runner import perturb_fake_mode, preserved_state
 from inspector.graph.symdims import perturbed_value
+from inspector.libraryoutput import printed, printed_summary
 from inspector.report import CaptureAttempt
 from inspector.tracebacks import runs_user_code, user_location
 
@@ -80,7 +81,9 @@ def _failed(method: str, exc: BaseException, ctx: Context, seconds: float) -> Ca
 
 def _message(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
-    return text if len(text) <= _MAX_ERROR else text[:_MAX_ERROR] + " ..."
+    text = text if len(text) <= _MAX_ERROR else text[:_MAX_ERROR] + " ..."
+    output = printed_summary(printed(exc))  # what torch.export dumped on stderr meanwhile
+    return f"{text}\n({output})" if output else text
 
 
 def _fx(ctx: Context) -> tuple[CaptureResult, Any]:

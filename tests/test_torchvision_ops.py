@@ -108,3 +108,22 @@ def test_a_detector_trains_and_predicts() -> None:
     with torch.no_grad():
         (pred,) = model([torch.rand(3, 128, 128)])
     assert pred["boxes"].shape[1] == 4 and len(pred["boxes"]) == len(pred["scores"])
+
+
+@pytest.mark.parametrize("sampling_ratio", [2, 0, -1])
+@pytest.mark.parametrize("aligned", [False, True])
+def test_roi_align_equals_torchvisions_python_fallback(sampling_ratio: int, aligned: bool) -> None:
+    from inspector.compat.roialign import roi_align_bags
+    from inspector.compat.torchvision_ops import roi_align_fallback
+
+    gen = torch.Generator().manual_seed(sampling_ratio + 10 * aligned)
+    x = torch.randn(2, 5, 13, 17, dtype=torch.float64, generator=gen)
+    batch = torch.randint(0, 2, (40, 1), generator=gen).double()
+    # boxes partly outside the map and some thinner than a pixel
+    xy = torch.rand(40, 2, dtype=torch.float64, generator=gen) * 18 - 2
+    wh = torch.rand(40, 2, dtype=torch.float64, generator=gen) * 14
+    rois = torch.cat([batch, xy, xy + wh], 1)
+    expected = roi_align_fallback()(x, rois, 0.8, 3, 4, sampling_ratio, aligned)
+    got = roi_align_bags(x, rois, 0.8, 3, 4, sampling_ratio, aligned)
+    assert got.shape == expected.shape == (40, 5, 3, 4)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)  # float64: the same sums

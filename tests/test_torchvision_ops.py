@@ -3,6 +3,7 @@ answers, train, and keep the native kernel's memory (only the boxes saved for ba
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import random
@@ -127,3 +128,31 @@ def test_roi_align_equals_torchvisions_python_fallback(sampling_ratio: int, alig
     got = roi_align_bags(x, rois, 0.8, 3, 4, sampling_ratio, aligned)
     assert got.shape == expected.shape == (40, 5, 3, 4)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)  # float64: the same sums
+
+
+def test_roi_align_backward_equals_the_fallbacks_and_runs_under_a_dispatch_mode() -> None:
+    # The memory tracker runs the training step under a TorchDispatchMode, where the op's
+    # backward kernel runs with autograd off: it must not need autograd.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from inspector.compat.torchvision_ops import roi_align_fallback
+
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            return func(*args, **(kwargs or {}))
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 4, 11, 9, dtype=torch.float64, generator=gen)
+    rois = torch.tensor([[0, 1, 1, 8, 7], [1, 0.5, 2, 6, 10], [1, 3, 3, 3.2, 3.1]]).double()
+    grad = torch.randn(3, 4, 3, 3, dtype=torch.float64, generator=gen)
+
+    def input_grad(fn, mode=None) -> torch.Tensor:  # noqa: ANN001
+        leaf = x.clone().requires_grad_(True)
+        with mode or contextlib.nullcontext():
+            fn(leaf, rois, (3, 3), 0.5, 0, True).backward(grad)
+        return leaf.grad
+
+    expected = input_grad(lambda t, r, size, s, ratio, a: roi_align_fallback()(
+        t, r, s, size[0], size[1], ratio, a))  # fmt: skip
+    torch.testing.assert_close(input_grad(roi_align), expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(input_grad(roi_align, PassThrough()), expected, rtol=0, atol=1e-12)

@@ -99,10 +99,9 @@ def _define_roi_align(lib: Any) -> Any:
             return _roi_align_eager()(x, rois, scale, ph, pw, ratio, aligned)
 
     def backward_kernel(grad, rois, scale, ph, pw, b, c, h, w, ratio, aligned):  # noqa: ANN001, ANN202
-        x = grad.new_zeros((b, c, h, w), requires_grad=True)
-        with torch.enable_grad():
-            out = _roi_align_eager()(x, rois, scale, ph, pw, ratio, aligned)
-        return torch.autograd.grad(out, x, grad)[0]
+        from inspector.compat.roialign import roi_align_bags_backward
+
+        return roi_align_bags_backward(grad, rois, scale, ph, pw, (b, c, h, w), ratio, aligned)
 
     def fake(x, rois, scale, ph, pw, ratio, aligned):  # noqa: ANN001, ANN202
         return x.new_empty((rois.shape[0], x.shape[1], ph, pw))

@@ -93,6 +93,7 @@ def inspect_model(
         ctx.capture = capture_graph(ctx)
     report.capture.method = ctx.capture.method
     report.capture.attempts = ctx.capture.attempts
+    report.capture.eval_mode = ctx.capture.eval_mode
 
     _run_passes(ctx, notify)
     notify("done", 100)

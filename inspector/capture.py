@@ -43,17 +43,54 @@ def capture_graph(ctx: Context) -> CaptureResult:
     ]
     if ctx.loaded.exported is not None:  # a .pt2 upload is an export graph already
         methods = [("export", _loaded_export), ("hooks", _hooks)]
+    result = _first_that_works(ctx, methods, attempts)
+    if result is None and ctx.model.training:
+        result = _in_eval_mode(ctx, methods, attempts)
+    return result or CaptureResult(method=None, attempts=attempts)
+
+
+def _first_that_works(
+    ctx: Context, methods: list, attempts: list[CaptureAttempt], eval_mode: bool = False
+) -> CaptureResult | None:
     for method, attempt in methods:
         start = time.perf_counter()
         try:
             result, note = attempt(ctx)
         except Exception as exc:  # the user's model failed this method: record, go on
             attempts.append(_failed(method, exc, ctx, time.perf_counter() - start))
+            attempts[-1].eval_mode = eval_mode
             continue
         attempts.append(_ok(method, note, time.perf_counter() - start))
-        result.attempts = attempts
+        attempts[-1].eval_mode = eval_mode
+        result.attempts, result.eval_mode = attempts, eval_mode
         return result
-    return CaptureResult(method=None, attempts=attempts)
+    return None
+
+
+def _in_eval_mode(
+    ctx: Context, methods: list, attempts: list[CaptureAttempt]
+) -> CaptureResult | None:
+    """A model whose train mode fails (a detector that needs targets the inputs lack) is
+    captured in eval mode: its nodes, shapes and FLOPs are those of the eval forward."""
+    training = {m: m.training for m in ctx.model.modules()}
+    ctx.model.eval()
+    try:
+        result = _first_that_works(ctx, methods, attempts, eval_mode=True)
+    finally:
+        for module, mode in training.items():
+            module.training = mode
+    if result is not None:
+        why = attempts[0]
+        ctx.report.meta.warnings.append(
+            f"the model fails in train mode ({why.error_type}: {_first_line(why.error)}): "
+            f"captured in eval mode with {result.method}; nodes, shapes and FLOPs are those "
+            "of the eval forward."
+        )
+    return result
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "").strip().splitlines()[0][:300] if (text or "").strip() else ""
 
 
 def _ok(method: str, note: Any, seconds: float) -> CaptureAttempt:

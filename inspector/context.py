@@ -125,6 +125,7 @@ class CaptureResult:
     # export: per input tensor, {axis: the one named dim that moves it}
     axis_dims: list[dict[int, str]] = field(default_factory=list)
     records: list[NodeRecord] | None = None  # hooks: its recorded run, for the graph pass
+    eval_mode: bool = False  # captured in eval mode: train mode failed (capture.py)
 
 
 @dataclass

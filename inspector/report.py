@@ -123,10 +123,12 @@ class CaptureAttempt(_Model):
     location: str | None = None  # "file.py:LINE" in the user's code
     source_line: str | None = None  # that line's text
     seconds: float = 0.0
+    eval_mode: bool = False  # tried with the model in eval mode (train mode failed)
 
 
 class Capture(_Model):
     method: Literal["fx", "export", "hooks"] | None = None
+    eval_mode: bool = False  # captured in eval mode: train mode failed
     attempts: list[CaptureAttempt] = Field(default_factory=list)
     node_count: int = 0
 

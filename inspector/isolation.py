@@ -292,12 +292,17 @@ def _record_failure(ctx: Any, name: str, status: int, trace_path: str, seconds: 
     from inspector.tracebacks import is_user_file
 
     mine = [(p, n) for _, p, n in frames if is_user_file(p, ctx.loaded.user_files)]
-    blame = (
-        f"It happened under the model's code at {os.path.basename(mine[0][0])}:{mine[0][1]}."
-        if mine
-        else "It is a native crash in torch or a library while the inspector analysed the "
-        "model, not an error in the model: please report it."
-    )
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
+        blame = "SIGKILL comes from outside: most often the kernel, out of memory."
+    elif mine:
+        blame = (
+            f"It happened under the model's code at {os.path.basename(mine[0][0])}:{mine[0][1]}."
+        )
+    else:
+        blame = (
+            "It is a native crash in torch or a library while the inspector analysed the "
+            "model, not an error in the model: please report it."
+        )
     ctx.report.meta.warnings.append(
         f"the {name} pass crashed its process ({reason}): its section is missing, the other "
         f"passes ran. {blame}"

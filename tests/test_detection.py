@@ -57,10 +57,18 @@ HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
 needs_torchvision = pytest.mark.skipif(not HAS_TORCHVISION, reason="torchvision missing")
 
 
+# Small sizes keep the test fast: 128-pixel images, 50 proposals, 32 sampled boxes.
+SMALL = dict(
+    weights=None, weights_backbone=None, min_size=128, max_size=128,
+    rpn_pre_nms_top_n_test=100, rpn_post_nms_top_n_test=50, rpn_pre_nms_top_n_train=100,
+    rpn_post_nms_top_n_train=50, box_batch_size_per_image=32, box_detections_per_img=10,
+)  # fmt: skip
+
+
 def _detector() -> torch.nn.Module:
     from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_320_fpn
 
-    return fasterrcnn_mobilenet_v3_large_320_fpn(weights=None, weights_backbone=None)
+    return fasterrcnn_mobilenet_v3_large_320_fpn(**SMALL)
 
 
 @needs_torchvision
@@ -77,15 +85,15 @@ def test_targets_are_synthesized_for_torchvision_detectors_only() -> None:
     assert synthesized_targets(torch.nn.Linear(2, 2), Inputs((images,), {})) is None
 
 
-DETECTOR = """
+DETECTOR = f"""
 import torch
 import torchvision
 
+SMALL = {SMALL!r}
+
 
 def make():
-    return torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
-        weights=None, weights_backbone=None
-    )
+    return torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(**SMALL)
 
 
 def example_inputs():

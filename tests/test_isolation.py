@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,17 @@ def test_a_crashing_pass_costs_only_that_pass(
     assert report.memory.train_peak_bytes is None
     assert report.gradients.computed and len(report.gradients.params) == 6
     assert report.capture.node_count == len(report.nodes) > 0
+
+
+def test_a_pass_killed_from_outside_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    def killed(ctx: object) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer does
+
+    _replace(monkeypatch, "gradients", killed)
+    report = inspect_model(MLP, None, Options(passes={"graph", "gradients"}, isolate=True))
+    assert report.meta.failed_passes == {"gradients": "killed by SIGKILL (Killed)"}
+    assert any("most often the kernel, out of memory" in w for w in report.meta.warnings)
+    assert report.totals.flops_forward == 34_242_560
 
 
 def test_isolated_and_in_process_reports_agree() -> None:
@@ -134,3 +146,25 @@ def test_the_cli_survives_a_native_crash_and_names_the_line(tmp_path: Path) -> N
     warnings = " ".join(report["meta"]["warnings"])
     assert "It happened under the model's code at segv.py:16." in warnings
     assert "the memory pass crashed its process" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_sandboxed_job_survives_a_native_crash_in_a_pass(tmp_path: Path) -> None:
+    """The service's job child (bwrap, seccomp, limits) forks its passes too: the job is
+    done, its report marks the crashed pass."""
+    from hostile.kit import add_job, get_job, make_settings
+
+    from server.jobs import run_job
+    from server.sandbox import sandbox_available
+
+    available, why = sandbox_available()
+    if not available:
+        pytest.skip(why)
+    settings = make_settings(tmp_path)
+    options = {"optimizer": "adamw", "device": "cpu", "fake": True, "passes": ["graph", "memory"]}
+    job_id = add_job(settings, SEGV_MODEL.encode(), options=options)
+    assert run_job(job_id, settings) == "done"
+    report = get_job(settings, job_id).report_json
+    assert report["meta"]["isolation"] == "fork per pass"
+    assert report["meta"]["failed_passes"]["memory"].startswith("killed by SIGSEGV")
+    assert report["totals"]["flops_forward"] == 128  # 2 * 2 * 8 * 4

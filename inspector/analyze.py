@@ -18,7 +18,7 @@ from inspector.inputspec import parse_input
 from inspector.isolation import isolation_mode, run_passes
 from inspector.loaders.compiled import compiled_note, unwrap_compiled
 from inspector.loaders.load import load_model
-from inspector.passes import PASSES
+from inspector.passes import PASSES, runs_model
 from inspector.report import Meta, Report
 
 __all__ = ["inspect_model", "resolve_device", "finish_report"]
@@ -104,7 +104,7 @@ def _run_passes(ctx: Context, notify) -> None:  # noqa: ANN001 - progress(stage,
     """Every pass asked for, each in a forked child where that is cheap (a native crash
     then costs only its pass: inspector/isolation.py), else in this process."""
     selected = [
-        (name, run, 20 + 75 * i // max(len(PASSES), 1))
+        (name, run, 20 + 75 * i // max(len(PASSES), 1), runs_model(name, ctx))
         for i, (name, run) in enumerate(PASSES)
         if ctx.options.wants(name)
     ]
@@ -117,7 +117,7 @@ def _run_passes(ctx: Context, notify) -> None:  # noqa: ANN001 - progress(stage,
     if isolate:
         run_passes(ctx, selected, notify, timed, finish_report)
         return
-    for name, run, percent in selected:
+    for name, run, percent, _ in selected:
         notify(name, percent)
         with timed(name):
             run(ctx)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import gc
 import os
 import pickle
 import select
@@ -38,8 +39,8 @@ from typing import Any
 
 __all__ = ["isolation_mode", "run_passes", "SelectedPass", "signal_reason", "RemoteTraceback"]
 
-# (name, run, percent shown when it starts)
-SelectedPass = tuple[str, Callable[[Any], None], int]
+# (name, run, percent shown when it starts, whether it runs torch on the model: forked)
+SelectedPass = tuple[str, Callable[[Any], None], int, bool]
 Notify = Callable[[str, int], None]
 Timed = Callable[[str], Any]
 Finish = Callable[[Any], None]
@@ -172,13 +173,22 @@ def _hold_line(
     """Fork a child for each pass from `start`. True when this process ran out of passes
     (the children crashed); False when a child finished the run."""
     for i in range(start, len(passes)):
-        name = passes[i][0]
+        name, run, percent, forked = passes[i]
+        if not forked:  # it cannot crash natively: no fork's cost
+            notify(name, percent)
+            with timed(name):
+                run(ctx)
+            continue
         trace_path = f"{channel.result_path}.{name}.trace"
         began = time.perf_counter()
+        # Objects made so far are the child's too: out of the collector's sight, it never
+        # touches (and so copies) their pages.
+        gc.freeze()
         pid = os.fork()
         if pid == 0:
             _child(ctx, passes, i, channel, trace_path, timed)  # never returns
         status = _wait(pid, channel, notify)
+        gc.unfreeze()
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
             return False
         _record_failure(ctx, name, status, trace_path, time.perf_counter() - began)
@@ -189,9 +199,10 @@ def _wait(pid: int, channel: _Channel, notify: Notify) -> int:
     """The child's wait status; the caller's process relays progress meanwhile."""
     if os.getpid() != channel.top_pid:
         return os.waitpid(pid, 0)[1]
+    exited = _pidfd(pid)  # readable when the child exits: no polling delay
     try:
         while True:
-            select.select([channel.read_fd], [], [], 0.2)
+            select.select([channel.read_fd] + ([exited] if exited is not None else []), [], [], 0.2)
             channel.drain(notify)
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
@@ -201,6 +212,16 @@ def _wait(pid: int, channel: _Channel, notify: Notify) -> int:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         raise
+    finally:
+        if exited is not None:
+            os.close(exited)
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # Python < 3.9 or Linux < 5.3: poll instead
+        return None
 
 
 def _child(
@@ -211,7 +232,7 @@ def _child(
         _become_child(channel)
         with open(trace_path, "w") as trace:
             faulthandler.enable(file=trace)  # where a native crash happened, for the report
-            name, run, percent = passes[i]
+            name, run, percent, _ = passes[i]
             channel.progress(name, percent)
             with timed(name):
                 run(ctx)

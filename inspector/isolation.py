@@ -140,8 +140,9 @@ def run_passes(
     left it. `finish(ctx)` runs after the last pass, where the state is. A pass that raises
     ends the run with that exception, as in one process."""
     channel = _Channel.open()
+    line = _Line(channel, timed, finish)
     try:
-        finished_here = _hold_line(ctx, passes, 0, channel, notify, timed)
+        finished_here = _hold_line(ctx, passes, 0, line, notify)
     except BaseException:
         channel.close()
         raise
@@ -162,13 +163,18 @@ def run_passes(
     ctx.report = Report.from_json(payload)
 
 
+@dataclass
+class _Line:
+    """What every process of the run shares: where results go, how passes are timed, and
+    what the last process does once the passes are done."""
+
+    channel: _Channel
+    timed: Timed
+    finish: Finish
+
+
 def _hold_line(
-    ctx: Any,
-    passes: list[SelectedPass],
-    start: int,
-    channel: _Channel,
-    notify: Notify,
-    timed: Timed,
+    ctx: Any, passes: list[SelectedPass], start: int, line: _Line, notify: Notify
 ) -> bool:
     """Fork a child for each pass from `start`. True when this process ran out of passes
     (the children crashed); False when a child finished the run."""
@@ -176,18 +182,18 @@ def _hold_line(
         name, run, percent, forked = passes[i]
         if not forked:  # it cannot crash natively: no fork's cost
             notify(name, percent)
-            with timed(name):
+            with line.timed(name):
                 run(ctx)
             continue
-        trace_path = f"{channel.result_path}.{name}.trace"
+        trace_path = f"{line.channel.result_path}.{name}.trace"
         began = time.perf_counter()
         # Objects made so far are the child's too: out of the collector's sight, it never
         # touches (and so copies) their pages.
         gc.freeze()
         pid = os.fork()
         if pid == 0:
-            _child(ctx, passes, i, channel, trace_path, timed)  # never returns
-        status = _wait(pid, channel, notify)
+            _child(ctx, passes, i, line, trace_path)  # never returns
+        status = _wait(pid, line.channel, notify)
         gc.unfreeze()
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
             return False
@@ -224,29 +230,28 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def _child(
-    ctx: Any, passes: list[SelectedPass], i: int, channel: _Channel, trace_path: str, timed: Timed
-) -> None:
-    code = 0
+def _child(ctx: Any, passes: list[SelectedPass], i: int, line: _Line, trace_path: str) -> None:
+    code, channel = 0, line.channel
     try:
-        _become_child(channel)
+        _become_child()
         with open(trace_path, "w") as trace:
             faulthandler.enable(file=trace)  # where a native crash happened, for the report
             name, run, percent, _ = passes[i]
             channel.progress(name, percent)
-            with timed(name):
+            with line.timed(name):
                 run(ctx)
             faulthandler.disable()
         os.unlink(trace_path)
-        if _hold_line(ctx, passes, i + 1, channel, channel.progress, timed):
-            channel.put(("report", _finished(ctx)))
+        if _hold_line(ctx, passes, i + 1, line, channel.progress):
+            line.finish(ctx)
+            channel.put(("report", ctx.report.to_json()))
     except BaseException as exc:  # noqa: BLE001 - the caller re-raises it
         code = _put_exception(channel, exc, ctx)
     finally:
         os._exit(code)
 
 
-def _become_child(channel: _Channel) -> None:
+def _become_child() -> None:
     """Die with the parent; one intra-op thread (the parent's OpenMP pool is not ours)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -254,13 +259,6 @@ def _become_child(channel: _Channel) -> None:
 
     if torch.get_num_threads() != 1:
         torch.set_num_threads(1)
-
-
-def _finished(ctx: Any) -> str:
-    from inspector.analyze import finish_report
-
-    finish_report(ctx)
-    return ctx.report.to_json()
 
 
 def _put_exception(channel: _Channel, exc: BaseException, ctx: Any) -> int:

@@ -71,21 +71,34 @@ def _in_eval_mode(
     ctx: Context, methods: list, attempts: list[CaptureAttempt]
 ) -> CaptureResult | None:
     """A model whose train mode fails (a detector that needs targets the inputs lack) is
-    captured in eval mode: its nodes, shapes and FLOPs are those of the eval forward."""
+    captured in eval mode: its nodes, shapes and FLOPs are those of the eval forward. A
+    hooks run in eval mode comes first, as the probe: when it fails too, eval mode is no
+    way out and nothing more is tried (or recorded)."""
     training = {m: m.training for m in ctx.model.modules()}
     ctx.model.eval()
     try:
-        result = _first_that_works(ctx, methods, attempts, eval_mode=True)
+        start = time.perf_counter()
+        try:
+            probe, _ = _hooks(ctx)
+        except Exception:
+            return None
+        seconds = time.perf_counter() - start
+        others = [(name, attempt) for name, attempt in methods if name != "hooks"]
+        result = _first_that_works(ctx, others, attempts, eval_mode=True)
     finally:
         for module, mode in training.items():
             module.training = mode
-    if result is not None:
-        why = attempts[0]
-        ctx.report.meta.warnings.append(
-            f"the model fails in train mode ({why.error_type}: {_first_line(why.error)}): "
-            f"captured in eval mode with {result.method}; nodes, shapes and FLOPs are those "
-            "of the eval forward."
-        )
+    if result is None:  # the probe's run is the capture
+        attempts.append(_ok("hooks", None, seconds))
+        attempts[-1].eval_mode = True
+        result = probe
+        result.attempts, result.eval_mode = attempts, True
+    why = attempts[0]
+    ctx.report.meta.warnings.append(
+        f"the model fails in train mode ({why.error_type}: {_first_line(why.error)}): "
+        f"captured in eval mode with {result.method}; nodes, shapes and FLOPs are those "
+        "of the eval forward."
+    )
     return result
 
 

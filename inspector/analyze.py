@@ -16,13 +16,15 @@ from inspector.context import Context, Options
 from inspector.fakevalues import new_fake_mode
 from inspector.fit import check_inputs_fit
 from inspector.inputspec import parse_input
+from inspector.isolation import isolation_mode, run_passes
+from inspector.loaders.compiled import compiled_note, unwrap_compiled
 from inspector.loaders.load import load_model
-from inspector.passes import PASSES
+from inspector.passes import PASSES, runs_model
 from inspector.progress import StagePlan
 from inspector.report import Meta, Report
 from inspector.versions import versions
 
-__all__ = ["inspect_model", "resolve_device"]
+__all__ = ["inspect_model", "resolve_device", "finish_report"]
 
 
 def resolve_device(device: str) -> str:
@@ -70,6 +72,9 @@ def inspect_model(
     notify("load", plan.percent("load"))
     with _timed(timings, "load"):
         loaded = load_model(model, fake_mode=fake_mode, device=options.device)
+        loaded.model, compiled = unwrap_compiled(loaded.model)
+        if compiled:
+            report.meta.warnings.append(compiled_note(compiled))
         factory = parse_input(input, loaded)
         with fake_mode or nullcontext():
             inputs = factory.build(device=options.device)
@@ -88,16 +93,40 @@ def inspect_model(
         ctx.capture = capture_graph(ctx)
     report.capture.method = ctx.capture.method
     report.capture.attempts = ctx.capture.attempts
+    report.capture.eval_mode = ctx.capture.eval_mode
 
-    for name, run in PASSES:
-        if not options.wants(name):
-            continue
-        notify(name, plan.percent(name))
-        with _timed(timings, name):
-            run(ctx)
-    report.capture.node_count = len(report.nodes)
+    _run_passes(ctx, notify, plan)
     notify("done", 100)
-    return report
+    return ctx.report
+
+
+def _run_passes(ctx: Context, notify, plan: StagePlan) -> None:  # noqa: ANN001 - progress
+    """Every pass asked for, each in a forked child where that is cheap (a native crash
+    then costs only its pass: inspector/isolation.py), else in this process."""
+    selected = [
+        (name, run, plan.percent(name), runs_model(name, ctx))
+        for name, run in PASSES
+        if ctx.options.wants(name)
+    ]
+    isolate, why = isolation_mode(ctx.options.isolate, ctx.options.fake, ctx.options.device)
+    ctx.report.meta.isolation = why
+
+    def timed(stage: str):  # noqa: ANN202 - a context manager
+        return _timed(ctx.report.meta.timings_s, stage)
+
+    if isolate:
+        run_passes(ctx, selected, notify, timed, finish_report)
+        return
+    for name, run, percent, _ in selected:
+        notify(name, percent)
+        with timed(name):
+            run(ctx)
+    finish_report(ctx)
+
+
+def finish_report(ctx: Context) -> None:
+    """What the report needs once every pass has run."""
+    ctx.report.capture.node_count = len(ctx.report.nodes)
 
 
 def _builds_from_config(model: str) -> bool:

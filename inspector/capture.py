@@ -26,6 +26,7 @@ from inspector.graph.lenient import fake_context
 from inspector.graph.modelstate import attributes_kept
 from inspector.graph.runner import perturb_fake_mode, preserved_state
 from inspector.graph.symdims import perturbed_value
+from inspector.libraryoutput import printed, printed_summary
 from inspector.report import CaptureAttempt
 from inspector.tracebacks import runs_user_code, user_location
 
@@ -44,6 +45,15 @@ def capture_graph(ctx: Context) -> CaptureResult:
     ]
     if ctx.loaded.exported is not None:  # a .pt2 upload is an export graph already
         methods = [("export", _loaded_export), ("hooks", _hooks)]
+    result = _first_that_works(ctx, methods, attempts)
+    if result is None and ctx.model.training:
+        result = _in_eval_mode(ctx, methods, attempts)
+    return result or CaptureResult(method=None, attempts=attempts)
+
+
+def _first_that_works(
+    ctx: Context, methods: list, attempts: list[CaptureAttempt], eval_mode: bool = False
+) -> CaptureResult | None:
     for method, attempt in methods:
         start = time.perf_counter()
         try:
@@ -51,11 +61,52 @@ def capture_graph(ctx: Context) -> CaptureResult:
                 result, note = attempt(ctx)
         except Exception as exc:  # the user's model failed this method: record, go on
             attempts.append(_failed(method, exc, ctx, time.perf_counter() - start))
+            attempts[-1].eval_mode = eval_mode
             continue
         attempts.append(_ok(method, note, time.perf_counter() - start))
-        result.attempts = attempts
+        attempts[-1].eval_mode = eval_mode
+        result.attempts, result.eval_mode = attempts, eval_mode
         return result
-    return CaptureResult(method=None, attempts=attempts)
+    return None
+
+
+def _in_eval_mode(
+    ctx: Context, methods: list, attempts: list[CaptureAttempt]
+) -> CaptureResult | None:
+    """A model whose train mode fails (a detector that needs targets the inputs lack) is
+    captured in eval mode: its nodes, shapes and FLOPs are those of the eval forward. A
+    hooks run in eval mode comes first, as the probe: when it fails too, eval mode is no
+    way out and nothing more is tried (or recorded)."""
+    training = {m: m.training for m in ctx.model.modules()}
+    ctx.model.eval()
+    try:
+        start = time.perf_counter()
+        try:
+            probe, _ = _hooks(ctx)
+        except Exception:
+            return None
+        seconds = time.perf_counter() - start
+        others = [(name, attempt) for name, attempt in methods if name != "hooks"]
+        result = _first_that_works(ctx, others, attempts, eval_mode=True)
+    finally:
+        for module, mode in training.items():
+            module.training = mode
+    if result is None:  # the probe's run is the capture
+        attempts.append(_ok("hooks", None, seconds))
+        attempts[-1].eval_mode = True
+        result = probe
+        result.attempts, result.eval_mode = attempts, True
+    why = attempts[0]
+    ctx.report.meta.warnings.append(
+        f"the model fails in train mode ({why.error_type}: {_first_line(why.error)}): "
+        f"captured in eval mode with {result.method}; nodes, shapes and FLOPs are those "
+        "of the eval forward."
+    )
+    return result
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "").strip().splitlines()[0][:300] if (text or "").strip() else ""
 
 
 def _ok(method: str, note: Any, seconds: float) -> CaptureAttempt:
@@ -83,7 +134,9 @@ def _failed(method: str, exc: BaseException, ctx: Context, seconds: float) -> Ca
 
 def _message(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
-    return text if len(text) <= _MAX_ERROR else text[:_MAX_ERROR] + " ..."
+    text = text if len(text) <= _MAX_ERROR else text[:_MAX_ERROR] + " ..."
+    output = printed_summary(printed(exc))  # what torch.export dumped on stderr meanwhile
+    return f"{text}\n({output})" if output else text
 
 
 def _fx(ctx: Context) -> tuple[CaptureResult, Any]:

@@ -49,6 +49,8 @@ class Options:
     parallel: list[str] = field(default_factory=list)  # --parallel plans (schema/parallel.py)
     # overrides of the health thresholds (inspector.health.thresholds.DEFAULTS)
     thresholds: dict[str, float] = field(default_factory=dict)
+    # passes in forked children (a native crash costs one pass); None: where it is cheap
+    isolate: bool | None = None
 
     def wants(self, name: str) -> bool:
         return self.passes is None or name in self.passes
@@ -130,6 +132,7 @@ class CaptureResult:
     # export: per input tensor, {axis: the one named dim that moves it}
     axis_dims: list[dict[int, str]] = field(default_factory=list)
     records: list[NodeRecord] | None = None  # hooks: its recorded run, for the graph pass
+    eval_mode: bool = False  # captured in eval mode: train mode failed (capture.py)
 
 
 @dataclass

@@ -126,10 +126,12 @@ class CaptureAttempt(_Model):
     location: str | None = None  # "file.py:LINE" in the user's code
     source_line: str | None = None  # that line's text
     seconds: float = 0.0
+    eval_mode: bool = False  # tried with the model in eval mode (train mode failed)
 
 
 class Capture(_Model):
     method: Literal["fx", "export", "hooks"] | None = None
+    eval_mode: bool = False  # captured in eval mode: train mode failed
     attempts: list[CaptureAttempt] = Field(default_factory=list)
     node_count: int = 0
 
@@ -154,6 +156,9 @@ class Meta(_Model):
     timings_s: dict[str, float] = Field(default_factory=dict)
     created_at: str = ""
     warnings: list[str] = Field(default_factory=list)
+    # how the passes ran: "fork per pass" (a native crash costs only that pass) or why not
+    isolation: str | None = None
+    failed_passes: dict[str, str] = Field(default_factory=dict)  # pass -> the signal, where
 
 
 class TimelinePoint(_Model):

@@ -3,6 +3,7 @@ answers, train, and keep the native kernel's memory (only the boxes saved for ba
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import random
@@ -108,3 +109,50 @@ def test_a_detector_trains_and_predicts() -> None:
     with torch.no_grad():
         (pred,) = model([torch.rand(3, 128, 128)])
     assert pred["boxes"].shape[1] == 4 and len(pred["boxes"]) == len(pred["scores"])
+
+
+@pytest.mark.parametrize("sampling_ratio", [2, 0, -1])
+@pytest.mark.parametrize("aligned", [False, True])
+def test_roi_align_equals_torchvisions_python_fallback(sampling_ratio: int, aligned: bool) -> None:
+    from inspector.compat.roialign import roi_align_bags
+    from inspector.compat.torchvision_ops import roi_align_fallback
+
+    gen = torch.Generator().manual_seed(sampling_ratio + 10 * aligned)
+    x = torch.randn(2, 5, 13, 17, dtype=torch.float64, generator=gen)
+    batch = torch.randint(0, 2, (40, 1), generator=gen).double()
+    # boxes partly outside the map and some thinner than a pixel
+    xy = torch.rand(40, 2, dtype=torch.float64, generator=gen) * 18 - 2
+    wh = torch.rand(40, 2, dtype=torch.float64, generator=gen) * 14
+    rois = torch.cat([batch, xy, xy + wh], 1)
+    expected = roi_align_fallback()(x, rois, 0.8, 3, 4, sampling_ratio, aligned)
+    got = roi_align_bags(x, rois, 0.8, 3, 4, sampling_ratio, aligned)
+    assert got.shape == expected.shape == (40, 5, 3, 4)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)  # float64: the same sums
+
+
+def test_roi_align_backward_equals_the_fallbacks_and_runs_under_a_dispatch_mode() -> None:
+    # The memory tracker runs the training step under a TorchDispatchMode, where the op's
+    # backward kernel runs with autograd off: it must not need autograd.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from inspector.compat.torchvision_ops import roi_align_fallback
+
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            return func(*args, **(kwargs or {}))
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 4, 11, 9, dtype=torch.float64, generator=gen)
+    rois = torch.tensor([[0, 1, 1, 8, 7], [1, 0.5, 2, 6, 10], [1, 3, 3, 3.2, 3.1]]).double()
+    grad = torch.randn(3, 4, 3, 3, dtype=torch.float64, generator=gen)
+
+    def input_grad(fn, mode=None) -> torch.Tensor:  # noqa: ANN001
+        leaf = x.clone().requires_grad_(True)
+        with mode or contextlib.nullcontext():
+            fn(leaf, rois, (3, 3), 0.5, 0, True).backward(grad)
+        return leaf.grad
+
+    expected = input_grad(lambda t, r, size, s, ratio, a: roi_align_fallback()(
+        t, r, s, size[0], size[1], ratio, a))  # fmt: skip
+    torch.testing.assert_close(input_grad(roi_align), expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(input_grad(roi_align, PassThrough()), expected, rtol=0, atol=1e-12)

@@ -8,10 +8,12 @@ torchvision is imported, makes the import and every torchvision model work: dete
 post-processing runs the same greedy NMS as torchvision's CPU kernel.
 
 torchvision's own Python fallback for `roi_align` compiles itself with inductor on first use
-(30 s, a C compiler, and compiled kernels under fake tensors) and keeps its large eager
-intermediates for backward. Here it runs eagerly inside one op that, like the C++ kernel,
-saves only the boxes for backward and whose fake kernel allocates only the output, so the
-memory figures of detection models are the native kernel's.
+(30 s, a C compiler, and compiled kernels under fake tensors), keeps its large eager
+intermediates for backward and, run eagerly, takes seconds a detection forward. Here the
+same computation (`inspector/compat/roialign.py`: one `embedding_bag`, its results those of
+the fallback) runs inside one op that, like the C++ kernel, saves only the boxes for
+backward and whose fake kernel allocates only the output, so the memory figures of
+detection models are the native kernel's.
 
 Where `_C.so` loads (a matching build), nothing is changed. The hook only looks when
 torchvision is first imported, so a process that never imports it pays nothing.
@@ -25,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["install_import_hook", "nms_reference", "uses_pure_torch_ops"]
+__all__ = ["install_import_hook", "nms_reference", "roi_align_fallback", "uses_pure_torch_ops"]
 
 _state: dict[str, Any] = {"library": None, "roi_align_eager": None, "native": None}
 
@@ -69,6 +71,13 @@ def _qnms(dets: Any, scores: Any, iou_threshold: float) -> Any:
 
 
 def _roi_align_eager() -> Any:
+    from inspector.compat.roialign import roi_align_bags
+
+    return roi_align_bags
+
+
+def roi_align_fallback() -> Any:
+    """torchvision's own eager Python roi_align (the reference of `roi_align_bags`)."""
     return _state["roi_align_eager"]
 
 
@@ -90,10 +99,9 @@ def _define_roi_align(lib: Any) -> Any:
             return _roi_align_eager()(x, rois, scale, ph, pw, ratio, aligned)
 
     def backward_kernel(grad, rois, scale, ph, pw, b, c, h, w, ratio, aligned):  # noqa: ANN001, ANN202
-        x = grad.new_zeros((b, c, h, w), requires_grad=True)
-        with torch.enable_grad():
-            out = _roi_align_eager()(x, rois, scale, ph, pw, ratio, aligned)
-        return torch.autograd.grad(out, x, grad)[0]
+        from inspector.compat.roialign import roi_align_bags_backward
+
+        return roi_align_bags_backward(grad, rois, scale, ph, pw, (b, c, h, w), ratio, aligned)
 
     def fake(x, rois, scale, ph, pw, ratio, aligned):  # noqa: ANN001, ANN202
         return x.new_empty((rois.shape[0], x.shape[1], ph, pw))

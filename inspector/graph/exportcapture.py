@@ -9,10 +9,9 @@ does not know (Hugging Face caches in GPT-2's output).
 
 from __future__ import annotations
 
-import io
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext, redirect_stderr
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -20,6 +19,7 @@ from torch import fx, nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from inspector.graph.tensors import tensor_leaves
+from inspector.libraryoutput import Printed, attach_printed, library_output_captured
 
 __all__ = ["WRAPPED", "Flat", "export_graph", "flat_tensors", "moving_axes"]
 
@@ -113,13 +113,18 @@ def _stacks(record: bool) -> Iterator[None]:
 
 @contextmanager
 def _quiet() -> Iterator[None]:
-    """A failing export prints its partial graph to stderr and logs warnings; the
-    capture attempt already records the error."""
+    """A failing export prints its partial graph to stderr (even from loggers holding the
+    terminal's stream) and logs warnings: keep it off the terminal, on the exception for
+    the capture attempt's message."""
     logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
     level = logger.level
     logger.setLevel(logging.ERROR)
+    out = Printed()
     try:
-        with redirect_stderr(io.StringIO()):
+        with library_output_captured() as out:
             yield
+    except BaseException as exc:  # out.text is complete once the capture has ended
+        attach_printed(exc, out.text)
+        raise
     finally:
         logger.setLevel(level)

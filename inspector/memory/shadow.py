@@ -2,7 +2,11 @@
 
 `copy.deepcopy` with a memo that maps each parameter and buffer to a fresh fake tensor of
 the same shape, stride and dtype copies the module tree without copying any weight; tied
-weights stay tied (one memo entry). The user's model is never mutated.
+weights stay tied (one memo entry). Plain tensor attributes (a detector's anchors, kept in
+a list) get fresh fakes too, and every FakeTensorMode maps to itself: deep-copying a fake
+tensor copies its mode, whose converter holds weak references to storages, and freeing
+those copies twice corrupts the heap (a native crash at the next garbage collection).
+The user's model is never mutated.
 """
 
 from __future__ import annotations
@@ -13,12 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from inspector.context import Inputs
 from inspector.fakevalues import give_value, new_fake_mode, value_of
 
-__all__ = ["new_fake_mode", "fake_shadow", "fake_inputs", "real_shadow"]
+__all__ = ["new_fake_mode", "fake_shadow", "fake_inputs", "real_shadow", "tensor_attributes"]
 
 
 def _fake_like(t: torch.Tensor, fake_mode: Any) -> torch.Tensor:
@@ -33,12 +37,30 @@ def _fake_like(t: torch.Tensor, fake_mode: Any) -> torch.Tensor:
 
 
 def fake_shadow(model: nn.Module, fake_mode: Any) -> nn.Module:
-    """A deep copy of `model` whose parameters and buffers are new fake tensors."""
-    memo: dict[int, Any] = {}
-    for t in [*model.parameters(), *model.buffers()]:
+    """A deep copy of `model` whose parameters, buffers and plain tensor attributes are new
+    fake tensors of `fake_mode`; no FakeTensorMode is copied."""
+    memo: dict[int, Any] = {id(fake_mode): fake_mode}
+    for t in [*model.parameters(), *model.buffers(), *tensor_attributes(model)]:
+        mode = getattr(t, "fake_mode", None)
+        if mode is not None:
+            memo[id(mode)] = mode
         if id(t) not in memo:
             memo[id(t)] = _fake_like(t, fake_mode)
     return copy.deepcopy(model, memo)
+
+
+def tensor_attributes(model: nn.Module) -> list[torch.Tensor]:
+    """Tensors each module holds outside its parameters and buffers: in its attributes and
+    in the lists, tuples and dicts there (torchvision's `AnchorGenerator.cell_anchors`)."""
+    found: list[torch.Tensor] = []
+    for module in model.modules():
+        for name, value in vars(module).items():
+            if name not in _MODULE_TABLES:
+                found.extend(t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor))
+    return found
+
+
+_MODULE_TABLES = frozenset({"_parameters", "_buffers", "_modules"})
 
 
 def fake_inputs(inputs: Inputs, fake_mode: Any) -> Inputs:

@@ -36,3 +36,20 @@ PASSES: list[tuple[str, Pass]] = [
     ("compile", dynamo.run),  # torch.compile readiness: Dynamo graphs, breaks, recompiles
     ("findings", findings.run),  # lint rules over every section: keep LAST
 ]
+
+# Passes that need values: on fake tensors they only say they were skipped.
+_VALUE_PASSES = frozenset({"gradients", "numerics", "modes", "export"})
+
+
+def runs_model(name: str, ctx: Context) -> bool:
+    """Whether pass `name` will run torch on the model here, and so could crash the
+    process natively; the others run without a fork (inspector/isolation.py)."""
+    if name == "findings":  # rules over the report: Python only
+        return False
+    if name in _VALUE_PASSES and ctx.options.fake:
+        return False
+    if name == "serving":
+        return serving.wanted(ctx)
+    if name == "distributed":
+        return bool(ctx.options.parallel)
+    return True

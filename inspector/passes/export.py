@@ -20,6 +20,7 @@ import torch
 
 from inspector.context import Context
 from inspector.health.exportmatch import changed_inputs, check_target
+from inspector.libraryoutput import library_output_captured, printed_summary
 from inspector.report import ExportTarget
 from inspector.tracebacks import user_location
 
@@ -118,12 +119,14 @@ def _try(
     modes = {m: m.training for m in ctx.model.modules()}
     ctx.model.eval()  # exports are for inference: BatchNorm and Dropout in eval mode
     try:
-        artifacts[name] = attempt(ctx)
+        with library_output_captured() as out:  # a failing export dumps its graph
+            artifacts[name] = attempt(ctx)
     except Exception as exc:  # any failure is the answer we report
+        output = printed_summary(out.text)
         return ExportTarget(
             target=name,
             ok=False,
-            error=_first_line(exc),
+            error=_first_line(exc) + (f"\n({output})" if output else ""),
             location=_location(exc, ctx.loaded.user_files),
             seconds=round(time.perf_counter() - start, 3),
         )

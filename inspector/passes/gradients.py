@@ -8,6 +8,7 @@ buffers, RNG state and `.grad`s are restored afterwards.
 from __future__ import annotations
 
 from inspector.context import Context
+from inspector.detection import training_inputs
 from inspector.health.backprop import BackwardRun, backward_once
 from inspector.health.gradrows import layer_rows, module_grad_norms, param_rows
 from inspector.health.nodegrads import NodeGrads, node_grads
@@ -27,7 +28,7 @@ def run(ctx: Context) -> None:
     if ctx.options.fake:
         section.computed, section.error = False, FAKE_NOTE
         return
-    with preserved(ctx.model):
+    with preserved(ctx.model), training_inputs(ctx, "gradients"):
         result = backward_once(ctx)
         graded = _node_grads(ctx) if result.backward_ran else None
     ctx.results.gradients = result

@@ -10,6 +10,7 @@ import torch
 
 from inspector.context import Context, Inputs
 from inspector.fakevalues import new_fake_mode
+from inspector.detection import training_inputs
 from inspector.graph.exportcapture import WRAPPED, flat_tensors
 from inspector.graph.fxcapture import FLAT_INPUTS
 from inspector.memory import advice, scaling, setups
@@ -28,9 +29,19 @@ from inspector.units import ACCELERATOR_BUDGETS
 __all__ = ["run", "MEANINGFUL_SHARE"]
 
 MEANINGFUL_SHARE = 0.01  # advice that saves less of the training-step peak is noise
+_NEEDS_TRAIN_INPUTS = (
+    "memory: training memory needs a forward that runs in train mode, and this one fails "
+    "with these inputs (only eval mode was captured): give what train mode needs, such as "
+    "targets, in the input spec or example_inputs()."
+)
 
 
 def run(ctx: Context) -> None:
+    with training_inputs(ctx, "memory"):  # a detector given images only gets targets
+        _run(ctx)
+
+
+def _run(ctx: Context) -> None:
     mem = ctx.report.memory
     mem.optimizer = ctx.options.optimizer
     mem.activation_dtype = ctx.options.dtype
@@ -38,6 +49,8 @@ def run(ctx: Context) -> None:
         a = analyse(ctx)
     except Exception as exc:  # the model cannot train here; other passes say why
         _warn(ctx, f"memory analysis skipped: {type(exc).__name__}: {_first_line(exc)}")
+        if ctx.capture is not None and ctx.capture.eval_mode:
+            _warn(ctx, _NEEDS_TRAIN_INPUTS)
         return
     ctx.report.meta.warnings.extend(a.warnings)
     ctx.results.memory = a

@@ -1,0 +1,170 @@
+"""Passes in forked children: a native crash (SIGSEGV, SIGABRT) in one pass leaves a report
+with that pass marked failed and every other section intact, in the library and the CLI."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import inspector.analyze as analyze
+from inspector.analyze import inspect_model
+from inspector.context import Options
+from inspector.errors import InputMismatchError
+from inspector.isolation import isolation_mode
+from inspector.passes import PASSES
+
+ROOT = Path(__file__).resolve().parent.parent
+MLP = str(ROOT / "examples" / "mlp.py") + ":Net"
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork on Linux")
+
+
+def _segfault(ctx: object) -> None:
+    ctypes.string_at(0)  # reads address 0: a real native segfault
+
+
+def _abort(ctx: object) -> None:
+    os.abort()
+
+
+def _replace(monkeypatch: pytest.MonkeyPatch, name: str, run: object) -> None:
+    passes = [(n, run if n == name else r) for n, r in PASSES]
+    monkeypatch.setattr(analyze, "PASSES", passes)
+
+
+@pytest.mark.parametrize(("crash", "signal_name"), [(_segfault, "SIGSEGV"), (_abort, "SIGABRT")])
+def test_a_crashing_pass_costs_only_that_pass(
+    monkeypatch: pytest.MonkeyPatch, crash: object, signal_name: str
+) -> None:
+    _replace(monkeypatch, "memory", crash)
+    options = Options(passes={"graph", "memory", "gradients", "findings"}, isolate=True)
+    report = inspect_model(MLP, None, options)
+    assert report.meta.isolation == "fork per pass"
+    assert list(report.meta.failed_passes) == ["memory"]
+    assert report.meta.failed_passes["memory"].startswith(f"killed by {signal_name}")
+    assert f"{crash.__name__} (test_isolation.py:" in report.meta.failed_passes["memory"]
+    assert any("the memory pass crashed its process" in w for w in report.meta.warnings)
+    # the sections before and after the crash are all there
+    # 2 * 32 * (784*512 + 512*256 + 256*10) = 64 * 535,040 = 34,242,560
+    assert report.totals.flops_forward == 34_242_560
+    assert report.memory.train_peak_bytes is None
+    assert report.gradients.computed and len(report.gradients.params) == 6
+    assert report.capture.node_count == len(report.nodes) > 0
+
+
+def test_a_pass_killed_from_outside_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    def killed(ctx: object) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer does
+
+    _replace(monkeypatch, "gradients", killed)
+    report = inspect_model(MLP, None, Options(passes={"graph", "gradients"}, isolate=True))
+    assert report.meta.failed_passes == {"gradients": "killed by SIGKILL (Killed)"}
+    assert any("most often the kernel, out of memory" in w for w in report.meta.warnings)
+    assert report.totals.flops_forward == 34_242_560
+
+
+def test_isolated_and_in_process_reports_agree() -> None:
+    passes = {"graph", "memory", "gradients", "findings"}
+    one = inspect_model(MLP, None, Options(passes=passes, isolate=False, measure=False))
+    forked = inspect_model(MLP, None, Options(passes=passes, isolate=True, measure=False))
+    assert one.meta.isolation.startswith("off") and forked.meta.isolation == "fork per pass"
+
+    def comparable(report: object) -> dict:
+        data = json.loads(report.to_json())
+        for key in ("timings_s", "isolation", "created_at"):
+            data["meta"].pop(key)
+        for attempt in data["capture"]["attempts"]:
+            attempt.pop("seconds")
+        return data
+
+    assert comparable(forked) == comparable(one)
+
+
+def test_an_exception_in_a_pass_reaches_the_caller_as_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def bad_input(ctx: object) -> None:
+        raise InputMismatchError("the inputs do not fit `fc`", hint="check --input")
+
+    _replace(monkeypatch, "gradients", bad_input)
+    with pytest.raises(InputMismatchError) as caught:
+        inspect_model(MLP, None, Options(passes={"graph", "gradients"}, isolate=True))
+    assert caught.value.hint == "check --input"
+    assert "bad_input" in str(caught.value.__cause__)  # the child's traceback, as the cause
+
+
+def test_isolation_is_chosen_by_cost() -> None:
+    assert isolation_mode(None, fake=True, device="cpu") == (True, "fork per pass")
+    assert isolation_mode(None, fake=True, device="cuda")[0] is False  # CUDA cannot fork
+    assert isolation_mode(False, fake=True, device="cpu")[0] is False
+
+
+SEGV_MODEL = """
+import ctypes
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        if isinstance(x, FakeTensor) and torch.is_grad_enabled():
+            ctypes.string_at(0)  # crashes the memory pass's fake training step
+        return self.fc(x)
+
+
+def example_inputs():
+    return torch.randn(2, 8)
+"""
+
+
+@pytest.mark.slow
+def test_the_cli_survives_a_native_crash_and_names_the_line(tmp_path: Path) -> None:
+    model = tmp_path / "segv.py"
+    model.write_text(SEGV_MODEL)
+    out = tmp_path / "report.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "inspector.cli", "inspect", f"{model}:Net"]
+    argv += ["--passes", "graph,memory,findings", "--json", str(out)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert report["meta"]["failed_passes"]["memory"].startswith("killed by SIGSEGV")
+    # 2 * 2 * 8 * 4 = 128
+    assert report["totals"]["flops_forward"] == 128
+    warnings = " ".join(report["meta"]["warnings"])
+    assert "It happened under the model's code at segv.py:16." in warnings
+    assert "the memory pass crashed its process" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_sandboxed_job_survives_a_native_crash_in_a_pass(tmp_path: Path) -> None:
+    """The service's job child (bwrap, seccomp, limits) forks its passes too: the job is
+    done, its report marks the crashed pass."""
+    from hostile.kit import add_job, get_job, make_settings
+
+    from server.jobs import run_job
+    from server.sandbox import sandbox_available
+
+    available, why = sandbox_available()
+    if not available:
+        pytest.skip(why)
+    settings = make_settings(tmp_path)
+    options = {"optimizer": "adamw", "device": "cpu", "fake": True, "passes": ["graph", "memory"]}
+    job_id = add_job(settings, SEGV_MODEL.encode(), options=options)
+    assert run_job(job_id, settings) == "done"
+    report = get_job(settings, job_id).report_json
+    assert report["meta"]["isolation"] == "fork per pass"
+    assert report["meta"]["failed_passes"]["memory"].startswith("killed by SIGSEGV")
+    assert report["totals"]["flops_forward"] == 128  # 2 * 2 * 8 * 4

@@ -1,0 +1,54 @@
+"""Fake copies of a model: plain tensor attributes become fresh fakes and no FakeTensorMode
+is ever copied (copying one duplicated its storage weak references: a heap corruption that
+aborted torchvision's Faster R-CNN under --fake at the next garbage collection)."""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from inspector.memory.shadow import fake_shadow, tensor_attributes
+
+
+class Anchored(nn.Module):
+    """Like torchvision's AnchorGenerator: tensors in a plain list attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.cell_anchors = [torch.zeros(3, 4), torch.ones(2, 4)]
+        self.scale = torch.tensor(2.0)
+
+
+def test_tensor_attributes_finds_lists_and_plain_attributes() -> None:
+    model = Anchored()
+    found = tensor_attributes(model)
+    assert [tuple(t.shape) for t in found] == [(3, 4), (2, 4), ()]
+
+
+def test_shadow_fakes_plain_attributes_and_keeps_the_mode() -> None:
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        model = Anchored()
+    # The fake mode has converted a real tensor: its converter now holds weak references.
+    mode.from_tensor(torch.randn(5))
+    shadow = fake_shadow(model, mode)
+    for mine, theirs in zip(model.cell_anchors, shadow.cell_anchors, strict=True):
+        assert isinstance(theirs, FakeTensor) and theirs is not mine
+        assert theirs.fake_mode is mode  # the mode itself, not a copy of it
+        assert theirs.shape == mine.shape
+    assert shadow.scale.fake_mode is mode
+    assert shadow.conv.weight.fake_mode is mode and shadow.conv.weight is not model.conv.weight
+    del shadow
+    gc.collect()  # where the copied mode used to corrupt the heap
+
+
+def test_shadow_of_a_real_model_fakes_its_attributes() -> None:
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    model = Anchored()
+    shadow = fake_shadow(model, mode)
+    assert all(isinstance(t, FakeTensor) for t in shadow.cell_anchors)
+    assert model.cell_anchors[1].sum().item() == 8.0  # the user's tensors are untouched

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from inspector.context import Context, Inputs
-from inspector.fakevalues import new_fake_mode
 from inspector.detection import training_inputs
+from inspector.fakevalues import new_fake_mode
 from inspector.graph.exportcapture import WRAPPED, flat_tensors
 from inspector.graph.fxcapture import FLAT_INPUTS
 from inspector.memory import advice, scaling, setups

@@ -13,6 +13,7 @@ import sys
 import httpx
 import pytest
 from api_support import api_env
+from pages_server import make_settings
 
 from inspector.schema.presets import PRESETS
 from server.jobs import JobSpec, _job_json
@@ -68,14 +69,14 @@ def test_config_json_is_checked_and_needs_no_entrypoint(backend, tmp_path, monke
         assert len(env.enqueued) == 1
 
 
-def test_the_child_is_told_the_preset_or_the_config_path() -> None:
+def test_the_child_is_told_the_preset_or_the_config_path(tmp_path) -> None:
     def job_json(kind: str, filename: str, entry: str) -> dict:
         spec = JobSpec(
             id=1, upload_sha256="0" * 64, upload_filename=filename, upload_kind=kind,
             entrypoint=entry, input_spec=None, input_sha256=None, input_filename=None,
             options={}, created_at=None, started_at=None,
         )  # fmt: skip
-        settings = type("S", (), {"device": "cpu"})()
+        settings = make_settings(tmp_path, device="cpu")
         return json.loads(_job_json(spec, settings))
 
     assert job_json("preset", "gpt2.preset.json", "preset:gpt2")["model"] == "preset:gpt2"

@@ -292,13 +292,18 @@ def test_a_gap_to_the_measurement_is_a_warning(monkeypatch):
 
 
 def test_gap_threshold():
-    def report(error: float) -> Report:
-        measured = MeasuredMemory(method="torch.profiler", device="cpu", train_peak_error=error)
+    def report(error: float, measured_bytes: int = 100 << 20) -> Report:
+        measured = MeasuredMemory(
+            method="torch.profiler", device="cpu", train_peak_error=error,
+            train_peak_bytes=measured_bytes,
+        )  # fmt: skip
         return Report(memory=Memory(measured=measured))
 
     assert not list(memory_estimate_gap(None, report(-0.049)))
     (gap,) = memory_estimate_gap(None, report(-0.12))
     assert "training-step peak is -12.0% off" in gap.message
+    # 12% of 4 MiB is 0.48 MiB: under the 1 MiB floor, no budget turns on it
+    assert not list(memory_estimate_gap(None, report(-0.12, 4 << 20)))
 
 
 def test_ops_off_the_cpu_are_named_with_their_device():

@@ -122,10 +122,11 @@ def test_progress_moves_through_the_stages_in_order_with_their_shares(tmp_path):
         percents = [p for _, p in seen]
         assert percents == sorted(percents) and percents[-1] == 100
     first_timings = runs[0][1]["report"]["meta"]["timings_s"]
-    plan = StagePlan(["load", "capture", *(n for n, _ in PASSES)], first_timings)
+    ran = [n for n, _ in PASSES if n in first_timings]  # the passes the job's options asked for
+    plan = StagePlan(["load", "capture", *ran], first_timings)
     # The zygote imported already: the analysis' shares are the whole bar.
     second = dict(runs[1][0])
     checked = [stage for stage in ("memory", "gradients", "numerics", "modes") if stage in second]
     assert checked and all(second[s] == plan.percent(s) for s in checked), (second, first_timings)
-    default = StagePlan(["load", "capture", *(n for n, _ in PASSES)])
+    default = StagePlan(["load", "capture", *ran])
     assert dict(runs[0][0])["memory"] == default.percent("memory")  # no report yet: the table

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from server.sandbox import Limits, sandbox_available
+from server.sandbox.bwrap import runtime_paths
 from server.sandbox.ending import ending_from_outcome
 from server.sandbox.forked import run_forked
 from server.sandbox.runner import Outcome
@@ -161,7 +162,9 @@ def test_a_job_cannot_see_another_jobs_files_or_leftovers(zygote):
         " 'pids': [p for p in os.listdir('/proc') if p.isdigit()]}); os._exit(0)\n"
     )
     seen = said(run_upload(zygote, look)[0])
-    assert seen == {"found": [], "tmp": [], "shm": [], "pids": ["1", "2"]}
+    # /tmp is fresh but for the runtime bound there, as in a fresh child (a checkout in /tmp)
+    runtime_in_tmp = sorted({p.split("/")[2] for p in runtime_paths() if p.startswith("/tmp/")})
+    assert seen == {"found": [], "tmp": runtime_in_tmp, "shm": [], "pids": ["1", "2"]}
     assert _zygote_tasks(zygote) == 1  # and the straggler died with its job
 
 

@@ -51,6 +51,9 @@ class _Previous:
 
     paths: list[str] = field(default_factory=list)
     set_aside: dict[str, types.ModuleType] = field(default_factory=dict)
+    # Modules the process had imported itself before the load (a test module beside the
+    # model file, a notebook's own): the next load leaves them alone.
+    hosts: set[str] = field(default_factory=set)
 
 
 _previous = _Previous()
@@ -96,10 +99,11 @@ def prepare_imports(plan: ImportPlan) -> None:
     if plan.package is not None:
         _refuse_runtime_name(plan.package, plan.path)
     for name in _provided_names(plan.search_paths):
-        _set_aside(name)
+        _set_aside(name, plan.search_paths)
     for path in reversed(plan.search_paths):
         sys.path.insert(0, path)
     _previous.paths = list(plan.search_paths)
+    _previous.hosts = set(sys.modules)
 
 
 def forget_user_modules() -> None:
@@ -109,14 +113,14 @@ def forget_user_modules() -> None:
         for name, module in list(sys.modules.items()):
             fresh = name.startswith(_FRESH_PREFIX)
             ours = _inside(_location(module), _previous.paths) and not _is_runtime(name)
-            if ours and not fresh:
+            if ours and not fresh and name not in _previous.hosts:
                 del sys.modules[name]
     for path in _previous.paths:
         if path in sys.path:
             sys.path.remove(path)
     for name, module in _previous.set_aside.items():
         sys.modules.setdefault(name, module)
-    _previous.paths, _previous.set_aside = [], {}
+    _previous.paths, _previous.set_aside, _previous.hosts = [], {}, set()
 
 
 def _refuse_runtime_name(top: str, path: str) -> None:
@@ -151,12 +155,14 @@ def _entries(folder: str) -> list[os.DirEntry[str]]:
         return []
 
 
-def _set_aside(name: str) -> None:
-    """Take `name` and its submodules out of sys.modules, unless they are the runtime's."""
+def _set_aside(name: str, paths: tuple[str, ...]) -> None:
+    """Take `name` and its submodules out of sys.modules, unless they are the runtime's or
+    the very files the user's folders offer (imported by this process before the load)."""
     if _is_runtime(name):
         return
     for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
-        _previous.set_aside[key] = sys.modules.pop(key)
+        if not _inside(_location(sys.modules[key]), list(paths)):
+            _previous.set_aside[key] = sys.modules.pop(key)
 
 
 def _is_runtime(name: str) -> bool:

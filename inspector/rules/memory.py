@@ -88,6 +88,7 @@ def attention_materialized(ctx: Context, report: Report) -> Iterator[Finding]:
 
 
 GAP_SHARE = 0.05  # a measured gap past this is worth a warning, whatever its cause
+GAP_BYTES = 1 << 20  # ...unless it is smaller than this: no budget is decided by a few KiB
 
 
 @rule("kernel-memory-unmodelled", "info")
@@ -121,12 +122,12 @@ def memory_estimate_gap(ctx: Context, report: Report) -> Iterator[Finding]:
         return
     gaps = [
         (name, error)
-        for name, error in (
-            ("training-step peak", measured.train_peak_error),
-            ("saved activations", measured.saved_activation_error),
-            ("inference forward peak", measured.forward_peak_error),
+        for name, error, size in (
+            ("training-step peak", measured.train_peak_error, measured.train_peak_bytes),
+            ("saved activations", measured.saved_activation_error, measured.saved_activation_bytes),
+            ("inference forward peak", measured.forward_peak_error, measured.forward_peak_bytes),
         )
-        if error is not None and abs(error) > GAP_SHARE
+        if error is not None and abs(error) > GAP_SHARE and abs(error) * (size or 0) >= GAP_BYTES
     ]
     if gaps:
         text = ", ".join(f"the {name} is {error:+.1%} off" for name, error in gaps)

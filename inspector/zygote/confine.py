@@ -28,7 +28,7 @@ JOB_MOUNT = "/job"
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 # statvfs f_flag bits -> the mount flags a remount must keep (the kernel locks them).
 _ST_TO_MS = {1: MS_RDONLY, 2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: MS_NOATIME,
@@ -100,7 +100,7 @@ def set_up_mounts(job_name: str, readonly: Iterable[str], tmp_bytes: int) -> Non
     for name in PROC_COVERS:
         if os.path.exists(f"/proc/{name}"):
             _bind(f"/proc/{name}", f"/proc/{name}", readonly=True)
-    _tmpfs("/tmp", tmp_bytes)
+    _private_tmp(tmp_bytes)
     # /dev is the zygote's, shared by every job it forks: read-only, so none leaves a file
     # there for the next (its nodes still work; /dev/shm is the job's own).
     _remount("/dev", readonly=True)
@@ -111,6 +111,35 @@ def set_up_mounts(job_name: str, readonly: Iterable[str], tmp_bytes: int) -> Non
         _bind(f"{source}/{rel}", f"{JOB_MOUNT}/{rel}", readonly=True)
     _tmpfs(JOBS_MOUNT, 4096, readonly=True)  # the other jobs' dirs: gone
     _tmpfs(HOST_PROC, 4096, readonly=True)
+
+
+def _mounts_under(prefix: str) -> list[str]:
+    """The outermost mount points below `prefix` in this mount namespace (a recursive bind
+    of one brings the mounts inside it along)."""
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    points = [p.encode().decode("unicode_escape") for p in points if p.startswith(prefix + "/")]
+    return [p for p in points if not any(p.startswith(q + "/") for q in points if q != p)]
+
+
+def _private_tmp(tmp_bytes: int) -> None:
+    """A fresh /tmp that keeps the runtime bwrap bound under /tmp (a checkout or a venv
+    there: modules imported lazily must still be found), as a fresh child's /tmp does.
+    Built on HOST_PROC's mount point, which is covered at the end anyway, then moved."""
+    kept = _mounts_under("/tmp")
+    if not kept:
+        _tmpfs("/tmp", tmp_bytes)
+        return
+    _tmpfs(HOST_PROC, tmp_bytes)
+    for point in kept:
+        inside = HOST_PROC + point[len("/tmp") :]
+        if os.path.isdir(point):
+            os.makedirs(inside, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(inside), exist_ok=True)
+            open(inside, "a").close()
+        _bind(point, inside, readonly=True)
+    _mount(HOST_PROC, "/tmp", None, MS_MOVE)
 
 
 def apply_rlimits(limits: dict[str, list[int]]) -> None:

@@ -48,12 +48,19 @@ ZOO: dict[str, ZooModel] = _catalogue()
 
 
 def names(kind: str | None = None, heavy: bool = True) -> list[str]:
-    """Zoo names; the classification models other than each family's first come last, so
-    that a partial sweep covers every kind."""
+    """Zoo names, round-robin over the kinds (each family's first classification model
+    before the other sizes), so that a partial sweep already covers every kind."""
     chosen = [
         n for n, m in ZOO.items() if (kind is None or m.kind == kind) and (heavy or not m.heavy)
     ]
-    return sorted(chosen, key=lambda n: ZOO[n].kind == "classification" and n not in FIRST_TV)
+    by_kind: dict[str, list[str]] = {}
+    for n in sorted(chosen, key=lambda n: ZOO[n].kind == "classification" and n not in FIRST_TV):
+        by_kind.setdefault(ZOO[n].kind, []).append(n)
+    queues = list(by_kind.values())
+    out = []
+    while any(queues):
+        out += [q.pop(0) for q in queues if q]
+    return out
 
 
 _ENTRY = '''"""Zoo model {name} ({kind}), as a user's model file."""

@@ -168,7 +168,10 @@ def _video_and_flow() -> list[dict[str, Any]]:
 
 # timm families with unusual ops, at 64 px where the architecture allows (img_size given).
 _TIMM: list[tuple[str, int, dict[str, Any]]] = [
-    ("levit_128s", 64, {"img_size": 64}),  # attention biases, BatchNorm linear layers
+    # attention biases, BatchNorm linear layers. Its BatchNorm1d head needs a batch of 8
+    # (bn_min_values: at 2 every sample normalises to +-1 and no gradient passes), and 128 px
+    # (at 64 px the last stage attends over 1 token: softmax of one key, zero gradient)
+    ("levit_128s", 128, {"img_size": 128}),
     ("cait_xxs24_224", 32, {"img_size": 32}),  # layer scale, talking heads, class attention
     ("coat_lite_tiny", 64, {"img_size": 64}),  # conv relative position encodings
     ("efficientformer_l1", 224, {}),  # meta blocks, attention bias by index (224 px only)
@@ -193,7 +196,7 @@ def _timm() -> list[dict[str, Any]]:
             "name": "timm-" + name.split("_patch")[0].removesuffix("_224"),
             "kind": "timm",
             "build": _timm_builder(name, kwargs),
-            "inputs": _images(size),
+            "inputs": _images(size, 8 if name.startswith("levit") else 2),
         }
         for name, size, kwargs in _TIMM
     ]

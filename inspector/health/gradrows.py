@@ -93,12 +93,27 @@ def layer_rows(
     for layer in layers:
         if layer.verdict == "ok" and layer.grad_norm is not None:
             layer.verdict = _verdict(layer, largest, th)
-    _mark_gated(ctx, layers, by_owner, params, th)
+    _mark_gated(ctx, layers, by_owner, params, th)  # a gate explains it: "gated"
+    _local_not_vanishing(layers)
     for layer in layers:
         for row in by_owner[layer.module_path]:
             if row.verdict == "ok":
                 row.verdict = layer.verdict
     return layers
+
+
+def _local_not_vanishing(layers: list[LayerGrad]) -> None:
+    """Vanishing is about depth: the gradient dies on its way back, so the layers it fails
+    to reach are the earliest ones. A small gradient in a layer while a layer the forward
+    ran before it gets a healthy one is local to that layer, e.g. attention's query and key
+    projections at initialisation (the gradient of a bilinear q.k is the product of two
+    small factors while the logits are near 0; BERT: 4e-6 x the largest layer's)."""
+    reached = False
+    for layer in sorted(layers, key=lambda x: x.depth_index):
+        if layer.verdict == "vanishing" and reached:
+            layer.verdict = "ok"
+        elif layer.verdict in ("ok", "exploding") and layer.grad_norm:
+            reached = True
 
 
 def _mark_gated(

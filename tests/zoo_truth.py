@@ -14,7 +14,7 @@
   (alive anyway). Non-reentrant `torch.utils.checkpoint` installs hooks of its own
   inside, so what it saves is not seen here: its rows are documented, not compared.
 - training-step peak: allocator events of `torch.profiler` (profile_memory) over one
-  step of a fresh copy (weights, inputs and AdamW state allocated inside the profile),
+  step of a model built inside the profile (weights, inputs and AdamW state allocated there),
   the running sum of `[memory]` events: the allocator's view, kernel scratch included.
 - modules that run: forward hooks on every module during a real forward, keeping the
   ones whose output holds a tensor.
@@ -24,7 +24,6 @@ None of this imports `inspector`.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,12 +173,14 @@ def _clone(value: Any) -> Any:
     )
 
 
-def train_peak(model: nn.Module, make_inputs: Any, loss_fn: Any) -> int:
-    """Peak live bytes of one AdamW step (after the state exists), allocator events."""
+def train_peak(build: Any, make_inputs: Any, loss_fn: Any, seed: int = 0) -> int:
+    """Peak live bytes of one AdamW step (after the state exists), allocator events. The
+    model is built again inside the profile (a deepcopy fails on RAFT's tensor attributes)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    torch.manual_seed(seed)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        shadow = copy.deepcopy(model).train()
+        shadow = build().train()
         args, kwargs = _clone(make_inputs())
         params = [p for p in shadow.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=1e-3)
@@ -218,6 +219,6 @@ def measure_truth(build: Any, make_inputs: Any, loss_fn: Any = None, seed: int =
         flops=flops,
         flops_raw=raw,
         saved_bytes=saved_bytes(model, *_clone((args, kwargs)), loss_fn),
-        train_peak_bytes=train_peak(model, make_inputs, loss_fn),
+        train_peak_bytes=train_peak(build, make_inputs, loss_fn, seed),
         ran=modules_that_run(model, args, kwargs),
     )

@@ -24,6 +24,7 @@ None of this imports `inspector`.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,6 +182,7 @@ def train_peak(build: Any, make_inputs: Any, loss_fn: Any, seed: int = 0) -> int
     torch.manual_seed(seed)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         shadow = build().train()
+        gc.collect()  # garbage of the constructor (reference cycles) is not the step's
         args, kwargs = _clone(make_inputs())
         params = [p for p in shadow.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=1e-3)

@@ -119,16 +119,16 @@ def _rnn_counter(model: nn.Module, counter: FlopCounterMode) -> tuple[list[int],
 
 
 def count_flops(model: nn.Module, args: tuple, kwargs: dict) -> tuple[int, int]:
-    """(FLOPs with CPU SDPA and fused RNNs added, FLOPs as FlopCounterMode counts them)."""
-    with torch.no_grad():
-        with FlopCounterMode(display=False) as raw:
-            model(*args, **kwargs)
-        full = FlopCounterMode(display=False, custom_mapping={SDPA_CPU: _sdpa_cpu_flops})
-        rnn, handles = _rnn_counter(model, full)
-        with full:
-            model(*args, **kwargs)
-        for h in handles:
-            h.remove()
+    """(FLOPs with CPU SDPA and fused RNNs added, FLOPs as FlopCounterMode counts them).
+    With grad on: under no_grad its module tracker asserts on CaiT's class-token views."""
+    with FlopCounterMode(display=False) as raw:
+        model(*args, **kwargs)
+    full = FlopCounterMode(display=False, custom_mapping={SDPA_CPU: _sdpa_cpu_flops})
+    rnn, handles = _rnn_counter(model, full)
+    with full:
+        model(*args, **kwargs)
+    for h in handles:
+        h.remove()
     return full.get_total_flops() + sum(rnn), raw.get_total_flops()
 
 

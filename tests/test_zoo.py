@@ -24,7 +24,6 @@ slow = pytest.mark.slow
 FAST = ["lstm", "checkpoint", "parametrized", "hf-bert", "hf-llama"]
 SLOW = [
     "resnet18",
-    "mobilenet_v3_small",
     "hf-t5",
     "timm-levit_128s",
     "timm-cait_xxs24",

@@ -81,6 +81,7 @@ def main() -> None:
     ap.add_argument("--skip-done", action="store_true", help="skip names already in the rows file")
     ap.add_argument("--table", action="store_true", help="only write the table from the rows")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per child")
+    ap.add_argument("--note", default="", help="a paragraph for the table (e.g. a partial run)")
     args = ap.parse_args()
     if not args.table:
         names = args.only.split(",") if args.only else zoo_models.names(heavy=args.all)
@@ -91,7 +92,7 @@ def main() -> None:
     command = "OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python bench/zoo.py" + (
         " --all" if args.all else ""
     )
-    write_results(ROWS, ROOT / "bench" / "RESULTS.md", command)
+    write_results(ROWS, ROOT / "bench" / "RESULTS.md", command, args.note)
 
 
 if __name__ == "__main__":

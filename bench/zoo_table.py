@@ -102,7 +102,7 @@ def table(rows_file: Path) -> str:
     return _counts(rows) + "\n\n" + _HEADER + "\n".join(_row(r) for r in rows) + "\n"
 
 
-def write_results(rows_file: Path, results: Path, command: str) -> None:
+def write_results(rows_file: Path, results: Path, command: str, note: str = "") -> None:
     if not rows_file.exists():
         return
     section = (
@@ -111,7 +111,7 @@ def write_results(rows_file: Path, results: Path, command: str) -> None:
         "independent truth of tests/zoo_truth.py (FlopCounterMode with CPU SDPA added,\n"
         "saved-tensor hooks, profiler allocator events over one AdamW step). Errors are\n"
         "(estimate - truth) / truth. Findings: bench/ZOO_FINDINGS.md.\n\n"
-        f"    {command}\n\n" + table(rows_file)
+        f"    {command}\n\n" + (f"{note}\n\n" if note else "") + table(rows_file)
     )
     text = results.read_text() if results.exists() else ""
     if "## Zoo\n" in text:

@@ -242,3 +242,24 @@ def test_query_key_at_init_are_not_vanishing() -> None:
     largest = max(x.grad_rms for x in layers.values())
     assert layers["q"].grad_rms < 1e-5 * largest < layers["embed"].grad_rms
     assert layers["q"].verdict == layers["k"].verdict == "ok" and loud(ctx) == []
+
+
+class ZeroHead(nn.Module):
+    """torchvision's ViT: the classifier head's weight starts at exactly 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem, self.mid, self.head = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+        nn.init.zeros_(self.head.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.mid(torch.relu(self.stem(x)))))
+
+
+def test_zero_initialised_head_gates_what_is_before_it() -> None:
+    ctx = run(ZeroHead(), torch.randn(4, 8))
+    rows = {r.name: r for r in ctx.report.gradients.params}
+    assert rows["stem.weight"].grad_norm == 0.0  # nothing passes a zero matrix
+    assert rows["stem.weight"].verdict == rows["mid.weight"].verdict == "gated"
+    assert rows["head.weight"].verdict == "ok" and loud(ctx) == []

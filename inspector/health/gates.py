@@ -1,4 +1,5 @@
-"""Gates: 1-D scales that start at (or within 1e-3 of) zero and silence what they scale at
+"""Gates: 1-D scales that start at (or within 1e-3 of) zero, or weights that start at exactly
+zero (torchvision ViT's head), and silence what they scale at
 initialisation, by design: layer scales (ConvNeXt, CaiT: gamma = 1e-6) and zero-initialised
 residual norms (torchvision's zero_init_residual, LeViT's `bn_weight_init=0` projections).
 
@@ -33,10 +34,13 @@ def gate_rows(params: list[ParamGrad]) -> list[ParamGrad]:
     closed gate still learns: its own gradient is what opens it)."""
     gates = []
     for row in params:
-        if len(row.shape) != 1 or not row.shape[0] or not row.grad_norm:
+        if not row.shape or not math.prod(row.shape) or not row.grad_norm:
             continue
-        rms = (row.weight_norm or 0.0) / math.sqrt(row.shape[0])
-        if rms <= GATE_RMS and row.name.rpartition(".")[2] in GATE_NAMES:
+        if row.name.rpartition(".")[2] not in GATE_NAMES:
+            continue
+        rms = (row.weight_norm or 0.0) / math.sqrt(math.prod(row.shape))
+        # a scale near zero, or a matrix that is exactly zero (torchvision ViT's head)
+        if (len(row.shape) == 1 and rms <= GATE_RMS) or not row.weight_norm:
             gates.append(row)
     return gates
 

@@ -259,6 +259,7 @@ class LayerGrad(_Model):
     type: str = ""
     depth_index: int = 0  # order in the forward
     grad_norm: float | None = None
+    grad_rms: float | None = None  # grad_norm / sqrt(elements): what "vanishing" compares
     ratio: float | None = None
     verdict: str = "ok"
 

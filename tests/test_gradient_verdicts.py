@@ -111,7 +111,9 @@ def loud(ctx) -> list[str]:
 
 
 def test_unet_head_bias_is_not_exploding() -> None:
-    ctx = run(UNet(), torch.randn(2, 3, 16, 16))
+    model = UNet()
+    nn.init.constant_(model.head.bias, 1e-4)  # a near-zero bias, as the issue's UNet had
+    ctx = run(model, torch.randn(2, 3, 16, 16))
     head_bias = next(r for r in ctx.report.gradients.params if r.name == "head.bias")
     # its grad is far larger than its near-zero value, and that means nothing for a bias
     assert head_bias.ratio > 10 and head_bias.verdict == "ok"
@@ -143,3 +145,121 @@ def test_table_and_findings_agree(how: str) -> None:
     gradient_rules = set(PROBLEM_VERDICTS.values()) & reported
     assert gradient_rules == {PROBLEM_VERDICTS[v] for v in shown}
     assert bool(shown) == (how != "ok")
+
+
+class ZeroProjAttention(nn.Module):
+    """LeViT's residual attention: `proj` ends in a BatchNorm whose gain starts at 0
+    (timm's bn_weight_init=0), which silences its sibling `qkv`, not only what is under
+    `proj`: qkv's gradient is exactly 0 at initialisation."""
+
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(dim, dim)
+        self.proj = nn.Sequential(nn.Linear(dim, dim), nn.BatchNorm1d(dim))
+        nn.init.zeros_(self.proj[1].weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.proj(torch.relu(self.qkv(x)))
+
+
+class GatedAndVanishing(nn.Module):
+    """A zero-gated residual block after a first layer whose gradient really vanishes (its
+    output is scaled by 1e-8): nothing before it gets a healthy gradient either."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.weak, self.stem = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.attn, self.head = ZeroProjAttention(), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x + 1e-8 * self.weak(x))
+        return self.head(self.attn(h))
+
+
+def test_zero_gain_gates_its_sibling_layers_and_true_vanishing_stays() -> None:
+    ctx = run(GatedAndVanishing(), torch.randn(16, 8))
+    qkv = next(r for r in ctx.report.gradients.params if r.name == "attn.qkv.weight")
+    assert qkv.grad_norm == 0.0  # the closed gate, not the model: it is "gated"
+    v = verdicts(ctx)
+    assert v["attn.qkv.weight"] == v["attn.proj.0.weight"] == "gated"
+    assert v["weak.weight"] == "vanishing" and v["attn.proj.1.weight"] == "ok"
+    found = [f for f in ctx.report.findings if f.rule == "vanishing-gradient"]
+    assert len(found) == 1 and found[0].where == "weak" and "1 layer(s)" in found[0].message
+
+
+class SmallBeside(nn.Module):
+    """A 2x2 layer beside a 1000x1000 one (CaiT's talking heads beside its MLPs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.big = nn.Linear(1000, 1000, bias=False)
+        self.small = nn.Linear(2, 2, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.big(x), self.small(0.01 * x[:, :2])], 1)
+
+
+def test_vanishing_compares_gradients_per_element_not_total_norms() -> None:
+    ctx = run(SmallBeside(), torch.randn(4, 1000))
+    rows = {r.name: r for r in ctx.report.gradients.params}
+    big, small = rows["big.weight"].grad_norm, rows["small.weight"].grad_norm
+    # total norms: 2x2 = 4 entries against 10^6, below the 1e-5 line by size alone
+    assert small / big < 1e-5
+    # per element (norm / sqrt(entries)) it is far above the line
+    assert (small / 2) / (big / 1000) > 1e-4
+    assert rows["small.weight"].verdict == "ok" and loud(ctx) == []
+    layer = next(x for x in ctx.report.gradients.layers if x.module_path == "small")
+    assert layer.grad_rms == pytest.approx(small / 2)
+
+
+class QKAttention(nn.Module):
+    """Single-head self-attention with BERT's initialisation (std 0.02): the logits start
+    near 0, so the query/key gradients are tiny while value and output are not."""
+
+    def __init__(self, dim: int = 32) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Linear(dim, dim)
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+        for layer in (self.v, self.o):
+            nn.init.normal_(layer.weight, std=0.02)
+        for layer in (self.q, self.k):  # smaller: far below the line even for a random loss
+            nn.init.normal_(layer.weight, std=0.001)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        att = torch.softmax(self.q(h) @ self.k(h).transpose(1, 2) / 32**0.5, -1)
+        return self.norm(h + self.o(att @ self.v(h)))
+
+
+def test_query_key_at_init_are_not_vanishing() -> None:
+    ctx = run(QKAttention(), torch.randn(2, 16, 32))
+    layers = {x.module_path: x for x in ctx.report.gradients.layers}
+    # far below the 1e-5 line of the largest layer, but the embedding before them learns
+    largest = max(x.grad_rms for x in layers.values())
+    assert layers["q"].grad_rms < 1e-5 * largest < layers["embed"].grad_rms
+    assert layers["q"].verdict == layers["k"].verdict == "ok" and loud(ctx) == []
+
+
+class ZeroHead(nn.Module):
+    """torchvision's ViT: the classifier head's weight starts at exactly 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem, self.mid, self.head = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+        nn.init.zeros_(self.head.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.mid(torch.relu(self.stem(x)))))
+
+
+def test_zero_initialised_head_gates_what_is_before_it() -> None:
+    ctx = run(ZeroHead(), torch.randn(4, 8))
+    rows = {r.name: r for r in ctx.report.gradients.params}
+    assert rows["stem.weight"].grad_norm == 0.0  # nothing passes a zero matrix
+    assert rows["stem.weight"].verdict == rows["mid.weight"].verdict == "gated"
+    assert rows["head.weight"].verdict == "ok" and loud(ctx) == []

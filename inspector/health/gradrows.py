@@ -9,13 +9,10 @@ import torch
 from inspector.context import Context
 from inspector.health.backprop import BackwardRun
 from inspector.health.cutsite import cut_for, fx_cut_node
+from inspector.health.gates import gate_rows, opened_grad_norms
 from inspector.report import LayerGrad, ParamGrad
 
-__all__ = ["param_rows", "layer_rows", "owner", "module_grad_norms", "GATE_NAMES"]
-
-# The names of parameters that scale a block's output: layer scales and norm gains.
-GATE_NAMES = frozenset({"gamma", "weight", "scale", "gamma_1", "gamma_2", "layer_scale"})
-GATE_RMS = 1e-3  # a gate this close to zero silences its block at initialisation
+__all__ = ["param_rows", "layer_rows", "owner", "module_grad_norms"]
 
 
 def owner(name: str) -> str:
@@ -67,10 +64,15 @@ def _judge(rows: list[ParamGrad], th: dict[str, float]) -> None:
             row.verdict = "nan"
 
 
-def _verdict(norm: float, ratio: float | None, largest: float, th: dict) -> str:
+def _verdict(layer: LayerGrad, largest_rms: float, th: dict) -> str:
+    """Exploding by the layer's norm or grad/weight ratio; vanishing by its gradient per
+    element (RMS) against the largest layer's: a 4x4 talking-heads matrix has 1/10,000 the
+    entries of a classifier head, and comparing total norms called it vanishing for its
+    size alone."""
+    norm, ratio, rms = layer.grad_norm or 0.0, layer.ratio, layer.grad_rms or 0.0
     if norm > th["exploding_norm"] or (ratio is not None and ratio > th["exploding_ratio"]):
         return "exploding"
-    if largest > 0 and norm <= th["vanishing_ratio"] * largest:
+    if largest_rms > 0 and rms <= th["vanishing_ratio"] * largest_rms:
         return "vanishing"
     return "ok"
 
@@ -87,17 +89,65 @@ def layer_rows(
     order = [p for p in run.called if p in by_owner] + [p for p in by_owner if p not in run.called]
     types = {p: type(m).__name__ for p, m in ctx.model.named_modules()}
     layers = [_layer(path, types.get(path, ""), i, by_owner[path]) for i, path in enumerate(order)]
-    largest = max((x.grad_norm for x in layers if x.grad_norm is not None), default=0.0)
-    gates = _gates(params)
+    largest = max((x.grad_rms for x in layers if x.grad_rms is not None), default=0.0)
     for layer in layers:
         if layer.verdict == "ok" and layer.grad_norm is not None:
-            layer.verdict = _verdict(layer.grad_norm, layer.ratio, largest, th)
-        if layer.verdict == "vanishing" and _gated(layer.module_path, gates):
-            layer.verdict = "gated"
+            layer.verdict = _verdict(layer, largest, th)
+    _mark_gated(ctx, layers, by_owner, params, th)  # a gate explains it: "gated"
+    _local_not_vanishing(layers)
+    for layer in layers:
         for row in by_owner[layer.module_path]:
             if row.verdict == "ok":
                 row.verdict = layer.verdict
     return layers
+
+
+def _local_not_vanishing(layers: list[LayerGrad]) -> None:
+    """Vanishing is about depth: the gradient dies on its way back, so the layers it fails
+    to reach are the earliest ones. A small gradient in a layer while a layer the forward
+    ran before it gets a healthy one is local to that layer, e.g. attention's query and key
+    projections at initialisation (the gradient of a bilinear q.k is the product of two
+    small factors while the logits are near 0; BERT: 4e-6 x the largest layer's)."""
+    reached = False
+    for layer in sorted(layers, key=lambda x: x.depth_index):
+        if layer.verdict == "vanishing" and reached:
+            layer.verdict = "ok"
+        elif layer.verdict in ("ok", "exploding") and layer.grad_norm:
+            reached = True
+
+
+def _mark_gated(
+    ctx: Context,
+    layers: list[LayerGrad],
+    by_owner: dict[str, list[ParamGrad]],
+    params: list[ParamGrad],
+    th: dict,
+) -> None:
+    """Vanishing layers that get their gradient back when the closed gates are opened
+    (inspector.health.gates) are "gated": silenced at initialisation by design. Back means
+    above the vanishing line of the opened run, or, for a gradient that was exactly zero,
+    any gradient at all: the gate alone made it zero (LeViT's attention biases in its last
+    blocks start at 0 and learn slowly, which is not what the model is warned about)."""
+    vanishing = [x for x in layers if x.verdict == "vanishing"]
+    gates = gate_rows(params) if vanishing else []
+    if not gates:
+        return
+    opened = opened_grad_norms(ctx, gates)
+    rms = {path: _group_rms(rows, opened) for path, rows in by_owner.items()}
+    line = th["vanishing_ratio"] * max(rms.values(), default=0.0)
+    for layer in vanishing:
+        now = rms[layer.module_path]
+        if now > line or (now > 0 and not layer.grad_norm):
+            layer.verdict = "gated"
+
+
+def _elements(rows: list[ParamGrad]) -> int:
+    return sum(math.prod(r.shape) for r in rows)
+
+
+def _group_rms(rows: list[ParamGrad], norms: dict[str, float]) -> float:
+    total = sum(norms.get(r.name, 0.0) ** 2 for r in rows)
+    return math.sqrt(total / max(_elements(rows), 1))
 
 
 def _layer(path: str, type_name: str, index: int, rows: list[ParamGrad]) -> LayerGrad:
@@ -110,6 +160,7 @@ def _layer(path: str, type_name: str, index: int, rows: list[ParamGrad]) -> Laye
         layer.verdict = rows[0].verdict  # unused / cut
         return layer
     layer.grad_norm = math.sqrt(sum(r.grad_norm**2 for r in with_grad))
+    layer.grad_rms = layer.grad_norm / math.sqrt(max(_elements(with_grad), 1))
     matrices = [r for r in with_grad if len(r.shape) >= 2]
     weight = math.sqrt(sum((r.weight_norm or 0.0) ** 2 for r in matrices))
     if matrices and weight:
@@ -117,29 +168,6 @@ def _layer(path: str, type_name: str, index: int, rows: list[ParamGrad]) -> Laye
     if any(r.verdict == "nan" for r in rows):
         layer.verdict = "nan"
     return layer
-
-
-def _gates(params: list[ParamGrad]) -> list[str]:
-    """Module paths holding a gate: a 1-D scale at (or within 1e-3 of) zero that receives a
-    gradient: a layer scale (ConvNeXt, CaiT) or a zero-initialised residual norm."""
-    gates = []
-    for row in params:
-        if len(row.shape) != 1 or not row.shape[0] or not row.grad_norm:
-            continue
-        rms = (row.weight_norm or 0.0) / math.sqrt(row.shape[0])
-        if rms <= GATE_RMS and row.name.rpartition(".")[2] in GATE_NAMES:
-            gates.append(row.module_path)
-    return gates
-
-
-def _gated(path: str, gates: list[str]) -> bool:
-    """A layer in the block a gate scales: the gate's module (or its parent, for a gate in
-    its own submodule such as `ls1.gamma` or `bn3.weight`) contains the layer."""
-    for gate in gates:
-        blocks = {gate, gate.rpartition(".")[0]} - {""}  # the root scales nothing by itself
-        if path != gate and any(path == b or path.startswith(b + ".") for b in blocks):
-            return True
-    return False
 
 
 def module_grad_norms(params: list[ParamGrad]) -> dict[str, float]:

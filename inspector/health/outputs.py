@@ -12,9 +12,14 @@ from inspector.context import Inputs
 __all__ = ["flat_tensors", "float_outputs", "make_loss", "DEFAULT_LOSS"]
 
 DEFAULT_LOSS = (
-    "sum over the floating outputs of mean(output**2) (default: squares keep gradients "
-    "flowing through normalisation layers; pass loss_fn(output, inputs) for your own)"
+    "sum over the floating outputs of mean(output * r), r a fixed random tensor (default: a "
+    "random direction keeps gradients flowing through normalisation layers; pass "
+    "loss_fn(output, inputs) for your own)"
 )
+# Why a random direction: mean(output) gives a gradient constant over the batch, which a
+# BatchNorm head removes exactly (LeViT); mean(output**2) is constant behind a LayerNorm
+# without affine change (sum of y**2 = D), so nothing flowed into HF DeBERTa-v2 (1e-9 RMS).
+_PROBE_SEED = 20_161
 
 
 def flat_tensors(value: Any, label: str = "output") -> Iterator[tuple[str, torch.Tensor]]:
@@ -47,7 +52,14 @@ def make_loss(
                 f"loss_fn(output, inputs).sum() (it returned shape {list(loss.shape)})",
             )
         return loss.reshape(()), "loss_fn(output, inputs)"
-    terms = [t.real.float().pow(2).mean() for _, t in float_outputs(output) if t.numel()]
+    outputs = [t for _, t in float_outputs(output) if t.numel()]
+    terms = [(t.real.float() * _direction(t, i)).mean() for i, t in enumerate(outputs)]
     if not terms:
         return None, "no floating output to form a loss from; pass loss_fn(output, inputs)"
     return torch.stack(terms).sum(), DEFAULT_LOSS
+
+
+def _direction(t: torch.Tensor, index: int) -> torch.Tensor:
+    """A fixed standard-normal tensor of t's shape (the same on every run and device)."""
+    gen = torch.Generator().manual_seed(_PROBE_SEED + index)
+    return torch.randn(t.shape, generator=gen).to(t.device)

@@ -7,7 +7,8 @@ from inspector.context import Options
 __all__ = ["DEFAULTS", "GRADIENT_KEYS", "resolve"]
 
 DEFAULTS: dict[str, float] = {
-    # A layer whose grad norm is this many times smaller than the largest layer's.
+    # A layer whose gradient per element (RMS) is this many times smaller than the
+    # largest layer's.
     "vanishing_ratio": 1e-5,
     # A layer grad norm above this, or grad/weight norm above `exploding_ratio`
     # (one SGD step at lr 0.1 would move the weight by more than its own size).

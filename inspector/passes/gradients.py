@@ -1,8 +1,8 @@
 """Gradient flow: one forward + backward, per-parameter and per-layer gradient health.
 
 The loss is the user's `loss_fn(output, inputs)`, else the sum over the floating outputs
-of mean(output**2) (see inspector.health.outputs.DEFAULT_LOSS). The model's modes,
-buffers, RNG state and `.grad`s are restored afterwards.
+of mean(output * r), r a fixed random tensor (see inspector.health.outputs.DEFAULT_LOSS).
+The model's modes, buffers, RNG state and `.grad`s are restored afterwards.
 """
 
 from __future__ import annotations

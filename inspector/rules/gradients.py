@@ -94,23 +94,23 @@ def output_without_grad(ctx: Context, report: Report) -> Iterator[Finding]:
 
 def _profile(report: Report, verdict: str) -> tuple[list, float | None]:
     layers = [x for x in report.gradients.layers if x.verdict == verdict]
-    norms = [x.grad_norm for x in report.gradients.layers if x.grad_norm is not None]
-    return layers, max(norms, default=None)
+    rms = [x.grad_rms for x in report.gradients.layers if x.grad_rms is not None]
+    return layers, max(rms, default=None)
 
 
 @rule("vanishing-gradient", "warning")
 def vanishing_gradient(ctx: Context, report: Report) -> Iterator[Finding]:
-    """Layer gradient norms many orders of magnitude below the largest layer's."""
+    """Layer gradients (per element) many orders of magnitude below the largest layer's."""
     layers, largest = _profile(report, "vanishing")
     if not layers:
         return
     ratio = report.gradients.thresholds.get("vanishing_ratio")
-    listed = ", ".join(f"{x.module_path} ({x.grad_norm:.2e})" for x in layers[:_LIST])
+    listed = ", ".join(f"{x.module_path} ({x.grad_rms or 0.0:.2e})" for x in layers[:_LIST])
     yield finding(
         "vanishing-gradient",
         layers[0].module_path,
-        f"{len(layers)} layer(s) get gradients below {ratio:g} x the largest layer's "
-        f"({largest:.2e}): {listed}.",
+        f"{len(layers)} layer(s) get gradients (RMS per element) below {ratio:g} x the "
+        f"largest layer's ({largest or 0.0:.2e}): {listed}.",
         "Check the initialisation, add normalisation or residual connections, or use a "
         "non-saturating activation.",
     )

@@ -32,11 +32,7 @@ SLOW = [
 MODELS = [*FAST, *(pytest.param(n, marks=slow) for n in SLOW)]
 
 # (model, check) -> why it fails today: defects owned by other work in progress.
-KNOWN: dict[tuple[str, str], str] = {
-    ("lstm", "saved"): "nn.LSTM's CPU kernel workspace counts 0 on fake tensors (owner: scratch)",
-    ("hf-llama", "saved"): "under fake tensors transformers takes another path (explicit "
-    "causal mask, expanded K/V heads) than the real CPU run: +8% (owner: hfpath)",
-}
+KNOWN: dict[tuple[str, str], str] = {}  # none today: LSTM's workspace and HF's fake path are fixed
 
 # The saved-tensor hooks of the truth cannot see what these models save.
 TRUTH_BLIND = {

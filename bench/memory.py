@@ -154,35 +154,6 @@ def print_kernel_row(r: dict[str, Any]) -> None:
     print(f"| {r['name']} | {' | '.join(cells)} | {ops} |", flush=True)
 
 
-def op_excess(fn: Any, name: str) -> int:
-    """Bytes the first `name` call allocates on top of what it leaves allocated (the
-    profiler's allocation events inside it, nested ops included: peak minus end)."""
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
-        if event.name != name:
-            stack.extend(event.children)
-            continue
-        allocs, inner = [], list(event.children)
-        while inner:
-            child = inner.pop()
-            if child.tag == _EventType.Allocation:
-                allocs.append((child.start_time_ns, child.extra_fields.alloc_size))
-            else:
-                inner.extend(child.children)
-        live = peak = 0
-        for _, size in sorted(allocs):
-            live += size
-            peak = max(peak, live)
-        return peak - live
-    raise ValueError(f"{name} did not run")
-
-
 CONV_SHAPES = [  # (Conv2d/Conv3d args, input shape, channels-last)
     ((3, 32, 3, 1, 1), (2, 3, 32, 32), False),
     ((16, 32, 3, 1, 1), (2, 16, 32, 32), False),
@@ -257,7 +228,7 @@ def kernel_shapes() -> None:
         ):
             km_ = found.get(op)
             text = "-" if km_ is None else f"{km_.scratch_bytes:,}{' (partial)' * km_.partial}"
-            cells.append(f"{op_excess(step, name):,} / {text}")
+            cells.append(f"{km.op_excess(step, name):,} / {text}")
         layout = "NHWC" if channels_last else "NCHW"
         print(f"| {conv_args} | {list(shape)} | {layout} | {cells[0]} | {cells[1]} |", flush=True)
 

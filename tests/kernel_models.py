@@ -6,6 +6,8 @@ dilated-conv head like DeepLabV3's ASPP and a ConvNeXt block (depthwise 7x7). Ea
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -174,3 +176,33 @@ class ConvNeXt(nn.Module):
 
 def make_convnext(batch: int = 4, size: int = 128) -> tuple[nn.Module, tuple]:
     return ConvNeXt(), ((torch.randn(batch, 3, size, size),), {})
+
+
+def op_excess(fn: Callable[[], object], name: str) -> int:
+    """Bytes the first `name` call allocates on top of what it leaves allocated: the
+    profiler's allocation events inside it, nested ops included, peak minus end (the truth
+    the kernel-memory formulas are checked against, in tests and bench/memory.py)."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        if event.name != name:
+            stack.extend(event.children)
+            continue
+        allocs, inner = [], list(event.children)
+        while inner:
+            child = inner.pop()
+            if child.tag == _EventType.Allocation:
+                allocs.append((child.start_time_ns, child.extra_fields.alloc_size))
+            else:
+                inner.extend(child.children)
+        live = peak = 0
+        for _, size in sorted(allocs):
+            live += size
+            peak = max(peak, live)
+        return peak - live
+    raise ValueError(f"{name} did not run")

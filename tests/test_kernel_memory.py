@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_models import make_convnext, make_deeplab, make_r3d, make_rnn
+from kernel_models import make_convnext, make_deeplab, make_r3d, make_rnn, op_excess
 from models import make_mlp
 from torch import nn
-from torch.profiler import ProfilerActivity, profile
 
 from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options
 from inspector.memory.kernels import registry
@@ -87,7 +86,7 @@ def test_lstm_inference_scratch_is_the_allocators(steps, batch, size, hidden):
         with torch.no_grad():
             lstm(x)
 
-    measured = _op_excess(forward, "aten::mkldnn_rnn_layer")
+    measured = op_excess(forward, "aten::mkldnn_rnn_layer")
     assert 0 <= measured - lstm_inference_scratch_bytes(steps, batch, size, hidden) <= 80
 
 
@@ -131,34 +130,6 @@ def test_recurrent_step_matches_the_allocator(cell, kw):
         assert len(workspaces) == 2 * directions  # layer 2 reads 2H = 256: 9,105,408
 
 
-def _op_excess(fn, name: str) -> int:
-    """Bytes allocated inside the first `name` call on top of what it leaves allocated:
-    the allocator's running sum within the op (nested ops included), peak minus end."""
-    from torch._C._profiler import _EventType
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
-        if event.name != name:
-            stack.extend(event.children)
-            continue
-        allocs, inner = [], list(event.children)
-        while inner:
-            child = inner.pop()
-            if child.tag == _EventType.Allocation:
-                allocs.append((child.start_time_ns, child.extra_fields.alloc_size))
-            else:
-                inner.extend(child.children)
-        live = peak = 0
-        for _, size in sorted(allocs):
-            live += size
-            peak = max(peak, live)
-        return peak - live
-    raise AssertionError(f"{name} did not run")
-
-
 @pytest.mark.parametrize(
     "conv,shape",
     [
@@ -183,8 +154,8 @@ def test_conv_scratch_is_the_allocators(conv, shape):
     fwd = conv_forward_scratch(x, conv.weight, out.shape, conv.groups, conv.stride)
     strided = any(s > 1 for s in conv.stride)
     bwd = conv_backward_scratch(r, x, conv.weight, conv.groups, strided, [True, True, True])
-    assert _op_excess(step, "aten::convolution") == fwd
-    assert _op_excess(step, "aten::convolution_backward") == bwd
+    assert op_excess(step, "aten::convolution") == fwd
+    assert op_excess(step, "aten::convolution_backward") == bwd
 
 
 @pytest.mark.parametrize(
@@ -204,9 +175,9 @@ def test_channels_last_conv_scratch_is_the_allocators(conv, shape):
         (conv(x) * r).sum().backward()
 
     mask = [True, True, conv.bias is not None]
-    assert _op_excess(step, "aten::convolution") == nhwc_forward_scratch(conv.weight, conv.groups)
+    assert op_excess(step, "aten::convolution") == nhwc_forward_scratch(conv.weight, conv.groups)
     bwd = nhwc_backward_scratch(x, conv.weight, conv.groups, mask)
-    assert _op_excess(step, "aten::convolution_backward") == bwd
+    assert op_excess(step, "aten::convolution_backward") == bwd
 
 
 def test_depthwise_channels_last_backward_by_hand():

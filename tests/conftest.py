@@ -64,3 +64,24 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         raise pytest.UsageError(f"CI=true requires the bubblewrap sandbox: {why}")
     if not Path("/usr/bin/chromium").exists():
         raise pytest.UsageError("CI=true requires /usr/bin/chromium (make system-deps)")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium through Playwright (tests/browser_support.py), one per module."""
+    from browser_support import chromium
+
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page that fails the test on any uncaught script error."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    yield page
+    context.close()
+    assert not errors, errors

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from browser_support import ARTIFACTS, chromium
+from browser_support import ARTIFACTS
 from pages_server import live_server, make_settings
 from stacked import stack_blocks, tiny_llama_report
 
@@ -48,23 +48,6 @@ def slug_80(server, shallow):
 @pytest.fixture(scope="module")
 def slug_12(server, shallow):
     return server.insert(Report.model_validate(stack_blocks(shallow, 12)), name="llama 12")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    yield page
-    context.close()
-    assert not errors, errors
 
 
 def open_page(page, server, slug: str) -> None:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from browser_support import ARTIFACTS, chromium
+from browser_support import ARTIFACTS
 from pages_data import small_report, synthetic_report
 from pages_server import live_server, make_settings
 
@@ -60,23 +60,6 @@ def gpt2_slug(server, tmp_path_factory):
         "dims": {"B": 1, "S": 8},
     }
     return server.insert(_inspect(f"{path}:build", spec), name="gpt-2 2 layers")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    yield page
-    context.close()
-    assert not errors, errors
 
 
 # --- helpers ------------------------------------------------------------------------------------

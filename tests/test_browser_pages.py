@@ -10,7 +10,7 @@ import io
 import zipfile
 
 import pytest
-from browser_support import ARTIFACTS, chromium
+from browser_support import ARTIFACTS
 from pages_data import MIB, small_report, synthetic_report
 from pages_server import live_server, make_settings
 
@@ -41,23 +41,6 @@ def build():
 def server(tmp_path_factory):
     with live_server(make_settings(tmp_path_factory.mktemp("browser"))) as srv:
         yield srv
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    yield page
-    context.close()
-    assert not errors, errors
 
 
 def open_report(page, server, slug: str) -> None:

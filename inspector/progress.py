@@ -24,6 +24,9 @@ DEFAULT_STAGE_SECONDS: dict[str, float] = {
     "modes": 14.9,
     "export": 6.9,
     "serving": 0.5,
+    "probe": 0.5,  # one instrumented forward and the loss
+    "compile": 3.0,  # one Dynamo trace with an eager backend (issue #18's bench: ~5% of a run)
+    "distributed": 0.0,  # only with --parallel plans: learned from reports that had them
     "findings": 0.1,
 }
 MIN_STAGE_SECONDS = 0.01  # every stage that runs moves the bar a little

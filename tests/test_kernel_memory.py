@@ -246,7 +246,7 @@ def test_unmodelled_kernels_are_named():
         assert not list(kernel_memory_unmodelled(None, report))
 
 
-def test_a_gap_to_the_measurement_is_a_warning(monkeypatch):
+def test_a_gap_to_the_measurement_is_a_finding(monkeypatch):
     """With the LSTM formulas the report's own measurement agrees: no warning. With
     formulas that do not know the call (as for another dtype), the estimate is far under
     the measurement: the warning gives the gap and names the kernels."""
@@ -258,7 +258,8 @@ def test_a_gap_to_the_measurement_is_a_warning(monkeypatch):
     report = _pass(model, args)
     assert report.memory.measured.saved_activation_error < -0.5
     (gap,) = memory_estimate_gap(None, report)
-    assert gap.severity == "warning" and "saved activations is -" in gap.message
+    # explained by the kernels the report names as not modelled: a note, not a warning
+    assert gap.severity == "info" and "saved activations is -" in gap.message
     assert "(mkldnn_rnn_layer, mkldnn_rnn_layer_backward)" in gap.message  # the likely cause
 
 
@@ -273,6 +274,7 @@ def test_gap_threshold():
     assert not list(memory_estimate_gap(None, report(-0.049)))
     (gap,) = memory_estimate_gap(None, report(-0.12))
     assert "training-step peak is -12.0% off" in gap.message
+    assert gap.severity == "warning"  # nothing in the report explains it
     # 12% of 4 MiB is 0.48 MiB: under the 1 MiB floor, no budget turns on it
     assert not list(memory_estimate_gap(None, report(-0.12, 4 << 20)))
 

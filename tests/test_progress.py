@@ -127,6 +127,15 @@ def test_progress_moves_through_the_stages_in_order_with_their_shares(tmp_path):
     # The zygote imported already: the analysis' shares are the whole bar.
     second = dict(runs[1][0])
     checked = [stage for stage in ("memory", "gradients", "numerics", "modes") if stage in second]
-    assert checked and all(second[s] == plan.percent(s) for s in checked), (second, first_timings)
+    expected = {s: plan.percent(s) for s in checked}
+    assert checked and {s: second[s] for s in checked} == expected, (second, first_timings, ran)
     default = StagePlan(["load", "capture", *ran])
     assert dict(runs[0][0])["memory"] == default.percent("memory")  # no report yet: the table
+
+
+def test_every_stage_has_an_expected_share():
+    """The worker learns only the stages of this table: a pass missing from it would be
+    sized by a default instead of its recent timings."""
+    from inspector.progress import DEFAULT_STAGE_SECONDS
+
+    assert set(DEFAULT_STAGE_SECONDS) == {"import", "load", "capture", *(n for n, _ in PASSES)}

@@ -137,6 +137,9 @@ def memory_estimate_gap(ctx: Context, report: Report) -> Iterator[Finding]:
             f"measured on a real {measured.device} step ({measured.method}), {text} "
             f"(estimate vs measured). Likely cause: {_cause(report)}.",
             "Budget from the measured figures (memory.measured) for this model.",
+            # A gap the report already explains (kernels it names as not modelled, in
+            # kernel-memory-unmodelled) is a note; an unexplained one is a warning.
+            severity="info" if report.memory.unmodelled_kernel_ops else "warning",
         )
 
 

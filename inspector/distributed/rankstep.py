@@ -84,20 +84,8 @@ def tracked_step(
         peak_label=tracker.peak_label,
         param_bytes=sum(t.untyped_storage().nbytes() for t in params),
         grad_bytes=sum(t.untyped_storage().nbytes() for t in grads),
-        optimizer_bytes=_local_state_bytes(state_of),
+        optimizer_bytes=state_bytes_of(state_of, view=local),
         input_bytes=tracker.bytes_where("input"),
         saved_activation_bytes=saved.total_bytes,
         comm_bytes=0,
     )
-
-
-def _local_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
-    if optimizer is None:
-        return 0
-    seen: dict[int, int] = {}
-    for state in optimizer.state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor):
-                t = local(value)
-                seen[storage_key(t)] = t.untyped_storage().nbytes()
-    return sum(seen.values()) if seen else state_bytes_of(optimizer)

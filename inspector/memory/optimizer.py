@@ -55,13 +55,18 @@ def optimizer_state_bytes(
     return {k: v for k, v in out.items() if v}
 
 
-def state_bytes_of(optimizer: torch.optim.Optimizer | None) -> int:
-    """Bytes the optimizer's state really holds (each storage once)."""
+def state_bytes_of(
+    optimizer: torch.optim.Optimizer | None,
+    view: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+) -> int:
+    """Bytes the optimizer's state really holds (each storage once); `view` maps a state
+    tensor to what holds its bytes (a DTensor's local shard)."""
     if optimizer is None:
         return 0
     seen: dict[int, int] = {}
     for state in optimizer.state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor):
-                seen[storage_key(value)] = value.untyped_storage().nbytes()
+                t = view(value)
+                seen[storage_key(t)] = t.untyped_storage().nbytes()
     return sum(seen.values())

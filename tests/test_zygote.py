@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hostile.kit import TINY_MODEL  # noqa: E402 (tests/ on sys.path)
 
 from server.sandbox import Limits, sandbox_available
 from server.sandbox.bwrap import runtime_paths
@@ -27,23 +28,8 @@ MiB, GiB = 1024**2, 1024**3
 LIMITS = Limits(wall_s=60, memory_bytes=3 * GiB, cpu_s=60, max_procs=16, max_file_bytes=8 * MiB)
 READONLY = ("upload", "input", "job.json")
 SAY = "import json, os, sys\ndef say(value):\n    print(json.dumps(value)); sys.stdout.flush()\n"
-TINY = """
-import torch
-from torch import nn
+TINY = TINY_MODEL.decode()  # the hostile-upload tests' good model
 
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(8, 4)
-
-    def forward(self, x):
-        return self.fc(x).relu()
-
-
-def example_inputs():
-    return (torch.randn(2, 8),)
-"""
 
 pytestmark = pytest.mark.skipif(not sandbox_available()[0], reason=sandbox_available()[1])
 

@@ -136,6 +136,26 @@ def test_a_fold_opens_into_its_blocks_and_closes_again(page, server, slug_12):
     assert "Blocks\tlayers.0–11 (12 alike)" in page.inner_text("#report-graph [data-role='info']")
 
 
+def test_compare_page_folds_both_graphs_and_marks_the_run_that_grew(page, server, shallow):
+    """12 blocks against 10: each graph shows its own fold, and the one run of alike blocks
+    is marked changed on both sides (not removed on one and added on the other)."""
+    a = server.insert(Report.model_validate(stack_blocks(shallow, 12)), name="llama 12")
+    b = server.insert(Report.model_validate(stack_blocks(shallow, 10)), name="llama 10")
+    page.goto(f"{server.url}/compare/{a}..{b}")
+    page.wait_for_selector("body[data-graphs-ready='1']", state="attached", timeout=60_000)
+    seen = page.evaluate(
+        """() => window.MGICompare.views.map(v => ({
+          boxes: v.state.view.items.filter(i => i.kind === 'box').map(i => [i.id, i.title]),
+          marks: Object.fromEntries(v.state.marks)}))"""
+    )
+    folds = [dict((t, i) for i, t in side["boxes"] if "×" in t) for side in seen]
+    assert folds[0] == {"LlamaDecoderLayer × 12": f"m:{FOLD_12}"}
+    assert folds[1] == {"LlamaDecoderLayer × 10": "m:model.layers.0..9"}
+    assert not any(t.startswith("layers.") for side in seen for _, t in side["boxes"])
+    assert seen[0]["marks"].get(f"m:{FOLD_12}") == "changed"
+    assert seen[1]["marks"].get("m:model.layers.0..9") == "changed"
+
+
 def fold_row(fold: str) -> str:
     """JS for the fold's row in the module tree (under the root, model, model.layers)."""
     return (

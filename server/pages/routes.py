@@ -16,7 +16,7 @@ from server.models import Job
 from server.pages.access import may_list
 from server.pages.compareview import compare_view
 from server.pages.rendering import not_found, render
-from server.pages.reportview import parse_report
+from server.pages.reportview import folds_of, parse_report
 from server.pages.uploadview import option_selects, presets
 from server.workers_seen import FRESH_S, libraries_on_offer
 
@@ -77,17 +77,20 @@ def reports_page(
 def compare_page(request: Request, pair: str, session: SessionDep) -> HTMLResponse:
     """Two reports side by side: `/compare/<a>..<b>`."""
     a_slug, sep, b_slug = pair.partition("..")
-    found = [_done_report(session, s) for s in (a_slug, b_slug)] if sep else [(None, None)] * 2
-    (a, report_a), (b, report_b) = found
+    found = [_done_report(session, s) for s in (a_slug, b_slug)] if sep else [(None, None, {})] * 2
+    (a, report_a, raw_a), (b, report_b, raw_b) = found
     if report_a is None or report_b is None:
         return not_found(request, "pair of finished reports")
     view = compare_view(report_a, report_b)
-    return render(request, "compare.html", a=a, b=b, view=view)
+    # Both graphs fold their runs of identical blocks as the report page does.
+    folds = {"a": folds_of(raw_a), "b": folds_of(raw_b)}
+    return render(request, "compare.html", a=a, b=b, view=view, folds=folds)
 
 
-def _done_report(session: Session, slug: str) -> tuple[Job | None, Report | None]:
-    """The job and its whole report (modules included) when it is done."""
+def _done_report(session: Session, slug: str) -> tuple[Job | None, Report | None, dict]:
+    """The job, its whole report (modules included) when it is done, and the raw JSON."""
     job, text = queries.find_job_and_report_text(session, slug=slug)
     if job is None or job.status != "done":
-        return job, None
-    return job, parse_report(text, modules=True)[0]
+        return job, None, {}
+    report, raw = parse_report(text, modules=True)
+    return job, report, raw

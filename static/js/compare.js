@@ -35,6 +35,7 @@
     const other = (v) => views[views[0] === v ? 1 : 0];
     const options = (side) => ({
       filename: `graph-${data[side].slug}`,
+      folds: data[side].folds,
       onRender: () => mark(views),
       onToggle: (path, open, v) => { const o = other(v); if (o && o.setExpanded && o.setExpanded(path, open)) o.render(`m:${path}`); },
     });

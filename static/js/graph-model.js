@@ -319,19 +319,26 @@ const MGIGraphModel = (() => {
     const marks = new Map();
     for (const item of items) {
       if (item.kind === "group") continue;
-      const twin = findTwin(other, item);
+      const twin = findTwin(mine, other, item);
       if (!twin) marks.set(item.id, side === "a" ? "removed" : "added");
       else if (signature(mine, item) !== signature(other, twin)) marks.set(item.id, "changed");
     }
     return marks;
   }
 
-  function findTwin(other, item) {
+  function findTwin(mine, other, item) {
     if (item.kind === "node") {
       const n = other.byName.get(item.where);
       return n ? { kind: "node", nodeId: n.id } : null;
     }
-    return other.groups.has(item.path) ? { kind: "box", path: item.path } : null;
+    if (other.groups.has(item.path)) return { kind: "box", path: item.path };
+    // A fold of 12 blocks and one of 10 under the same parent are one run that changed.
+    const fold = mine.folds.byId.get(item.path);
+    if (!fold) return null;
+    for (const f of other.folds.byId.values()) {
+      if (f.parent === fold.parent && f.type === fold.type && other.groups.has(f.id)) return { kind: "box", path: f.id };
+    }
+    return null;
   }
 
   return { build, view, initialExpanded, pathTo, within, diffMarks, keyOf, severityOf, tensorLabel, ancestors, parentPath };

@@ -7,12 +7,13 @@ import platform
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from typing import Any
 
 import torch
 
 from inspector import __version__
 from inspector.capture import capture_graph
-from inspector.context import Context, Options
+from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options
 from inspector.fakevalues import new_fake_mode
 from inspector.fit import check_inputs_fit
 from inspector.inputspec import parse_input
@@ -21,6 +22,7 @@ from inspector.loaders.compiled import compiled_note, unwrap_compiled
 from inspector.loaders.load import load_model
 from inspector.passes import PASSES, runs_model
 from inspector.progress import StagePlan
+from inspector.realcopy import needs_values, real_copy_decision
 from inspector.report import Meta, Report
 from inspector.versions import versions
 
@@ -71,15 +73,15 @@ def inspect_model(
 
     notify("load", plan.percent("load"))
     with _timed(timings, "load"):
-        loaded = load_model(model, fake_mode=fake_mode, device=options.device)
-        loaded.model, compiled = unwrap_compiled(loaded.model)
-        if compiled:
-            report.meta.warnings.append(compiled_note(compiled))
-        factory = parse_input(input, loaded)
-        with fake_mode or nullcontext():
-            inputs = factory.build(device=options.device)
-            # Name the layer that rejects the inputs before any pass trips over them.
-            check_inputs_fit(loaded.model, inputs, loaded.user_files)
+        loaded, factory, inputs, limit = _load(model, input, options, fake_mode, report)
+        if limit is not None and fake_mode is not None and needs_values(limit):
+            real, note = real_copy_decision(limit, loaded.model)
+            report.meta.warnings.append(note)
+            if real:
+                fake_mode = None
+                options.fake = report.meta.fake = False  # meta.options keeps what was asked
+                torch.manual_seed(options.seed)  # the same weights as a run without --fake
+                loaded, factory, inputs, _ = _load(model, input, options, None, report)
     report.meta.source_kind = loaded.source_kind
     report.meta.source_name = loaded.source_name
     report.meta.source_sha256 = loaded.sha256
@@ -98,6 +100,23 @@ def inspect_model(
     _run_passes(ctx, notify, plan)
     notify("done", 100)
     return ctx.report
+
+
+def _load(
+    model: str, input: str | None, options: Options, fake_mode: Any, report: Report
+) -> tuple[LoadedModel, InputFactory, Inputs, BaseException | None]:
+    """The model, its input factory and inputs, checked against each other; and what a
+    fake forward could not do (an op that needs values), if anything."""
+    loaded = load_model(model, fake_mode=fake_mode, device=options.device)
+    loaded.model, compiled = unwrap_compiled(loaded.model)
+    if compiled and compiled_note(compiled) not in report.meta.warnings:  # once, if reloaded
+        report.meta.warnings.append(compiled_note(compiled))
+    factory = parse_input(input, loaded)
+    with fake_mode or nullcontext():
+        inputs = factory.build(device=options.device)
+        # Name the layer that rejects the inputs before any pass trips over them.
+        limit = check_inputs_fit(loaded.model, inputs, loaded.user_files)
+    return loaded, factory, inputs, limit
 
 
 def _run_passes(ctx: Context, notify, plan: StagePlan) -> None:  # noqa: ANN001 - progress

@@ -26,12 +26,15 @@ from inspector.tracebacks import is_user_file, user_location
 __all__ = ["check_inputs_fit", "describe_tensors", "expectation"]
 
 
-def check_inputs_fit(model: nn.Module, inputs: Inputs, user_files: list[str]) -> None:
+def check_inputs_fit(
+    model: nn.Module, inputs: Inputs, user_files: list[str]
+) -> BaseException | None:
     """Run one forward under no_grad; raise InputMismatchError (the inputs do not fit a
     layer) or UserCodeError (the user's code raised). Works on real and fake tensors.
 
     Exceptions only a fake run can raise (data-dependent control flow, an op without a
-    fake kernel) say nothing about the inputs: they are ignored here.
+    fake kernel) say nothing about the inputs: they are returned, not raised, so the
+    caller can decide what a fake run of this model can still do (inspector/realcopy.py).
     Buffers (BatchNorm statistics) are restored afterwards, so the check leaves no trace.
     It runs in eval mode: a train-mode-only failure (BatchNorm on one value per channel)
     is not a shape mismatch, and the modes pass reports it as a finding.
@@ -45,12 +48,13 @@ def check_inputs_fit(model: nn.Module, inputs: Inputs, user_files: list[str]) ->
             inputs.call(model)
     except Exception as exc:
         if _fake_only(exc):
-            return
+            return exc
         raise _explain(exc, tracker.stack, model, user_files) from exc
     finally:
         _restore(model, saved)
         for module, mode in training.items():
             module.training = mode
+    return None
 
 
 @dataclass

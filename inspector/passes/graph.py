@@ -16,7 +16,7 @@ from contextlib import suppress
 from torch import nn
 
 from inspector.context import Context
-from inspector.errors import UserCodeError
+from inspector.errors import FakeModeLimit, UserCodeError
 from inspector.graph.backward import measure_backward
 from inspector.graph.exportcapture import export_graph
 from inspector.graph.guidedfx import changed_decision
@@ -28,6 +28,7 @@ from inspector.graph.runner import perturb_fake_mode, preserved_state, record_me
 from inspector.graph.symdims import apply_sym_shapes
 from inspector.graph.symmeta import apply_meta_sym_shapes, symbol_names
 from inspector.graph.tensors import nbytes
+from inspector.realcopy import needs_values
 from inspector.report import Node, Totals
 from inspector.tracebacks import format_user_traceback, user_location
 
@@ -131,12 +132,21 @@ def _eval_mode_records(ctx: Context, exc: Exception) -> list[NodeRecord] | None:
     return records
 
 
-def _run_error(ctx: Context, exc: Exception) -> UserCodeError:
+def _run_error(ctx: Context, exc: Exception) -> UserCodeError | FakeModeLimit:
     """The captured graph traced, but running it on the inputs failed: the user's code
     or inputs are at fault (a shape mismatch, usually)."""
     files = ctx.loaded.user_files
     where = user_location(exc, files)
     node = getattr(exc, "inspector_where", None)
+    if ctx.fake_mode is not None and needs_values(exc):  # torch's limit, not the user's fault
+        return FakeModeLimit(
+            f"--fake cannot run this model: {getattr(exc, 'func', type(exc).__name__)}"
+            + (f" ({node})" if node else "")
+            + " has an output size (or a branch) that depends on tensor values, which "
+            "fake tensors do not have.",
+            hint="Run without --fake on a machine that holds the model.",
+            location=where[0] if where else getattr(exc, "inspector_location", None),
+        )
     return UserCodeError(
         f"the model raised {type(exc).__name__} while running on the inputs"
         + (f" ({node})" if node else "")
@@ -229,10 +239,19 @@ def _backward(ctx: Context, records: list[NodeRecord]) -> tuple[int, dict[str, i
         with preserved_state(ctx.model, real=False):
             return measure_backward(ctx.model, ctx.inputs, perturb_fake_mode(ctx))
     except Exception as exc:
-        ctx.report.meta.warnings.append(
-            "backward FLOPs estimated as 2 x forward (a fake backward could not run: "
-            f"{type(exc).__name__}: {str(exc)[:200]})."
-        )
+        fake_failure = exc
+    if ctx.fake_mode is None:
+        # A real model whose fake backward fails (an op that needs values: a detector's
+        # NMS) is counted on one real forward and backward instead.
+        try:
+            with preserved_state(ctx.model, real=True):
+                return measure_backward(ctx.model, ctx.inputs, None)
+        except Exception as exc:
+            fake_failure = exc
+    ctx.report.meta.warnings.append(
+        "backward FLOPs estimated as 2 x forward (a backward could not run: "
+        f"{type(fake_failure).__name__}: {str(fake_failure)[:200]})."
+    )
     return _by_module(records, lambda r: 2 * r.flops)
 
 

@@ -522,6 +522,93 @@ def test_losses_on_the_right_inputs_are_quiet() -> None:
     assert _loss_hits(Head("softmax"), None) == []  # the default loss (means) has no loss fn
 
 
+class TwoHeads(nn.Module):
+    """A shared trunk and two heads; the loss functions below cut one head inside the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk, self.value, self.policy = nn.Linear(4, 4), nn.Linear(4, 1), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.relu(self.trunk(x))
+        return self.value(h), self.policy(h)
+
+
+def _detach_in_loss(output, inputs):  # noqa: ANN001, ANN202
+    value, policy = output
+    return (value.detach() - 1.0).pow(2).mean() + policy.pow(2).mean()  # LOSS-DETACH
+
+
+def _nograd_in_loss(output, inputs):  # noqa: ANN001, ANN202
+    value, policy = output
+    with torch.no_grad():
+        target = value * 0.5 + 1.0  # LOSS-NOGRAD
+    return target.mean() + policy.pow(2).mean()
+
+
+def _all_detached(output, inputs):  # noqa: ANN001, ANN202
+    return output[0].detach().mean() + output[1].detach().mean()  # LOSS-ALL
+
+
+def _cut_hits(loss_fn, rule_id: str = "grad-path-cut") -> list[Finding]:  # noqa: ANN001
+    ctx = context_for(TwoHeads(), (x4(),), loss_fn=loss_fn, user_files=[__file__])
+    for stage in VALUE_PASSES:
+        stage.run(ctx)
+    return hits(ctx, rule_id)
+
+
+def test_a_cut_inside_loss_fn_names_its_line() -> None:
+    [found] = _cut_hits(_detach_in_loss)
+    line = _line("LOSS-DETACH")
+    assert (found.severity, found.where) == ("error", f"test_rules.py:{line}")
+    # only the value head feeds the detached term; the trunk reaches the loss via policy
+    assert found.message.startswith("the parameters of 'value' get no gradient")
+    assert f"`detach` in loss_fn at test_rules.py:{line}" in found.message
+    assert "(`return (value.detach() - 1.0).pow(2).mean()" in found.message
+    assert "Remove `.detach()`" in found.fix
+    [nograd] = _cut_hits(_nograd_in_loss)
+    assert nograd.where == f"test_rules.py:{_line('LOSS-NOGRAD')}"
+    assert "`mul` under torch.no_grad() in loss_fn" in nograd.message
+    assert "torch.no_grad()" in nograd.fix
+
+
+def test_a_loss_cut_from_every_parameter_names_its_line() -> None:
+    ctx = context_for(TwoHeads(), (x4(),), loss_fn=_all_detached, user_files=[__file__])
+    for stage in VALUE_PASSES:
+        stage.run(ctx)
+    line = _line("LOSS-ALL")
+    [found] = hits(ctx, "grad-path-cut")  # two detaches on one line: one site
+    assert found.where == f"test_rules.py:{line}"
+    assert "the parameters of 'trunk', 'value', 'policy' get no gradient" in found.message
+    assert ctx.report.gradients.error.startswith("the loss does not require grad")
+    assert f"cut by `detach` in loss_fn at test_rules.py:{line}" in ctx.report.gradients.error
+
+
+def test_a_cut_in_a_model_files_loss_fn_through_the_pipeline() -> None:
+    from inspector.analyze import inspect_model
+
+    path = Path(__file__).with_name("loss_cut_model.py")
+    line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if "CUT-LINE" in t)
+    options = Options(passes={"graph", "gradients", "findings"}, isolate=False)
+    report = inspect_model(f"{path}:Net", options=options)
+    [found] = [f for f in report.findings if f.rule == "grad-path-cut"]
+    assert found.where == f"loss_cut_model.py:{line}"
+    assert "the parameters of 'body' get no gradient" in found.message
+    assert "(`loss = (out.detach() - target).pow(2).mean()  # CUT-LINE" in found.message
+    cut = {p.name: p.cut_at for p in report.gradients.params if p.verdict == "cut"}
+    assert list(cut) == ["body.weight", "body.bias"]
+    assert cut["body.weight"].startswith(f"`detach` in loss_fn at loss_cut_model.py:{line}")
+
+
+def test_a_loss_fn_that_keeps_the_graph_has_no_cut() -> None:
+    def whole(output, inputs):  # noqa: ANN001, ANN202
+        scale = output[1].detach().abs().max().item()  # a Python normaliser: harmless
+        return output[0].pow(2).mean() + output[1].pow(2).mean() / (1.0 + scale)
+
+    assert _cut_hits(whole) == [] and _cut_hits(whole, "unused-parameter") == []
+    assert _cut_hits(whole, "gradients-failed") == []
+
+
 def test_unused_says_whether_module_ran() -> None:
     message = hits(inspect(Unused(), x4()), "unused-parameter")[0].message
     assert "weight, bias" in message and "never called" in message

@@ -186,6 +186,19 @@ class SdpaAttention(Attention):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
 
+def swin_attention(version: int) -> nn.Module:
+    """torchvision's Swin window attention, small: V1 scales q before the matmul
+    (q * d**-0.5), V2 is cosine attention (normalised q and k, a per-head logit scale)."""
+    from torchvision.models import swin_transformer as swin
+
+    cls = swin.ShiftedWindowAttention if version == 1 else swin.ShiftedWindowAttentionV2
+    return cls(dim=16, window_size=[4, 4], shift_size=[0, 0], num_heads=2)
+
+
+def windows() -> torch.Tensor:
+    return torch.randn(2, 8, 8, 16)  # [B, H, W, C]: four 4x4 windows per image
+
+
 def seq(batch: int = 4, length: int = 8) -> torch.Tensor:
     return torch.randn(batch, length, 16)
 
@@ -232,6 +245,27 @@ def test_hardcoded_device_says_how() -> None:
         [found] = hits(inspect(Positions(how), x4()), "hardcoded-device")
         assert found.where == f"test_rules.py:{_line(tag)}", how
         assert text in found.message and "device=x.device" in found.fix, how
+
+
+class PrescaledQuery(Attention):
+    """The scale on the query before the matmul (torchvision's Swin): `factor` 0.25 is
+    1/sqrt(16); 1.0 scales nothing and 100 sharpens."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        q = q * self.factor
+        return torch.softmax(q.matmul(k.transpose(-2, -1)), dim=-1) @ v
+
+
+def test_a_scale_on_the_query_counts_only_when_it_shrinks() -> None:
+    assert hits(inspect(PrescaledQuery(0.25), seq()), "softmax-saturated") == []
+    for factor in (1.0, 100.0):
+        [found] = hits(inspect(PrescaledQuery(factor), seq()), "softmax-saturated")
+        assert "no 1/sqrt(d) scale" in found.message, factor
 
 
 def test_softmax_saturated_without_scale_or_one_hot() -> None:
@@ -391,6 +425,8 @@ HEALTHY = [
         (seq(), seq(), seq()),
     ),  # torch's own attention scales: its softmax is not the user's
     ("hardcoded-device", lambda: Positions("follow"), (x4(),)),
+    ("softmax-saturated", lambda: swin_attention(1), (windows(),)),  # q scaled first
+    ("softmax-saturated", lambda: swin_attention(2), (windows(),)),  # cosine attention
 ]
 
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # these modules import inspector.context, which imports this 
     from inspector.health.devices import FixedDevice
     from inspector.health.lossops import LossCall
     from inspector.health.modecheck import BatchNormInput
+    from inspector.health.normeps import LostEps
     from inspector.memory.advice import Checked
     from inspector.memory.analysis import Analysis
     from inspector.memory.measure import Measurement
@@ -48,6 +49,8 @@ class PassResults:
     memory_measured: Measurement | None = None  # passes/memory.py, real runs only
     gradients: BackwardRun | None = None  # passes/gradients.py: the forward + backward
     numerics: NumericsResult | None = None  # passes/numerics.py
+    # passes/numerics.py: norm layers whose eps the low-precision run rounds to zero
+    lost_norm_eps: list[LostEps] = field(default_factory=list)
     loss_calls: list[LossCall] = field(default_factory=list)  # passes/probe.py
     created_in_forward: list[Created] = field(default_factory=list)  # passes/probe.py
     fixed_devices: list[FixedDevice] = field(default_factory=list)  # passes/probe.py

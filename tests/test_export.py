@@ -17,7 +17,8 @@ USER_FILE = str(Path(export_models.__file__))
 BRANCH_LINE = next(
     i for i, line in enumerate(Path(USER_FILE).read_text().splitlines(), 1) if "BRANCH_LINE" in line
 )
-HAS_ONNX = all(importlib.util.find_spec(m) for m in ("onnx", "onnxscript"))
+HAS_ONNX = all(importlib.util.find_spec(m) for m in export.ONNX_MODULES)
+needs_onnx = pytest.mark.skipif(not HAS_ONNX, reason="onnx, onnxscript or onnxruntime missing")
 
 
 def _run(model: torch.nn.Module, fake: bool = False) -> dict[str, object]:
@@ -57,7 +58,7 @@ def test_fake_mode_skips_with_a_reason() -> None:
     assert all(t.ok is None and "fake" in t.error for t in targets.values())
 
 
-@pytest.mark.skipif(not HAS_ONNX, reason="onnx and onnxscript are not installed")
+@needs_onnx
 def test_onnx_failure_names_the_cause() -> None:
     onnx = _run(export_models.Branchy())["onnx"]
     assert onnx.ok is False
@@ -115,12 +116,12 @@ class _Batch(InputFactory):
         return Inputs((torch.randn(b, 8),), {}, dims={"B": b})
 
 
-def _checked(model: torch.nn.Module, batch: int = 8) -> tuple[dict, list]:
+def _checked(model: torch.nn.Module, batch: int = 8, level: str = "fast") -> tuple[dict, list]:
     from inspector.rules.export import export_mismatch
 
     loaded = LoadedModel(model, "python", "export_models.py", user_files=[USER_FILE])
     factory = _Batch(batch)
-    ctx = Context(loaded, factory, factory.build(), Options(export="fast"), Report())
+    ctx = Context(loaded, factory, factory.build(), Options(export=level), Report())
     export.run(ctx)
     return {t.target: t for t in ctx.report.export.targets}, list(export_mismatch(ctx, ctx.report))
 
@@ -146,3 +147,48 @@ def test_a_trace_that_baked_in_a_size_branch_is_caught() -> None:
     assert by_target["torchscript-trace"].severity == "warning"
     assert "torch.jit.script or torch.export" in by_target["torchscript-trace"].fix
     assert set(by_target) == {"torchscript-trace", "export-nonstrict"}
+
+
+@needs_onnx
+def test_onnx_runs_in_onnxruntime_beside_eager_with_the_batch_dynamic() -> None:
+    targets, found = _checked(export_models.Clean(), level="all")
+    onnx = targets["onnx"]
+    # B: 8 -> 4 runs on the same program: its batch axis was exported dynamic
+    assert onnx.ok and onnx.checked == ["sample", "B=4"] and onnx.mismatch is None
+    assert onnx.max_abs_diff < 1e-5  # float32 in onnxruntime and eager
+    assert found == []
+
+
+@needs_onnx
+def test_onnx_that_baked_in_a_branch_is_caught() -> None:
+    targets, found = _checked(export_models.SizeBranch(), level="all")
+    onnx = targets["onnx"]
+    assert onnx.ok and onnx.mismatch.startswith("B=4: differs from eager by up to")
+    # exported at B=8 (`> 4`: fc(x)); at B=4 eager gives -fc(x): |fc - (-fc)| = 2 |fc|
+    largest = float(onnx.mismatch.split("largest eager value ")[1].rstrip(")"))
+    assert onnx.max_abs_diff == pytest.approx(2 * largest, rel=1e-3)
+    [finding] = [f for f in found if f.where == "onnx"]
+    assert finding.severity == "warning" and "dynamic_shapes" in finding.fix
+
+
+@needs_onnx
+def test_onnx_that_baked_in_the_batch_size_is_caught() -> None:
+    targets, _ = _checked(export_models.BakedBatch(), level="all")
+    onnx = targets["onnx"]
+    # int(x.shape[0]) specialises B to 8: onnxruntime refuses a batch of 4
+    assert onnx.ok and onnx.mismatch.startswith("B=4: fails:")
+    assert onnx.checked == ["sample", "B=4"] and onnx.max_abs_diff < 1e-5  # the sample
+
+
+def test_onnx_without_onnxruntime_is_skipped_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "onnxruntime" else real(name, *a),
+    )
+    onnx = _run(export_models.Clean())["onnx"]
+    assert onnx.ok is None and onnx.error.startswith("not attempted: onnxruntime not installed")
+    assert "[export]" in onnx.error

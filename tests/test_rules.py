@@ -186,6 +186,19 @@ class SdpaAttention(Attention):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
 
+def swin_attention(version: int) -> nn.Module:
+    """torchvision's Swin window attention, small: V1 scales q before the matmul
+    (q * d**-0.5), V2 is cosine attention (normalised q and k, a per-head logit scale)."""
+    from torchvision.models import swin_transformer as swin
+
+    cls = swin.ShiftedWindowAttention if version == 1 else swin.ShiftedWindowAttentionV2
+    return cls(dim=16, window_size=[4, 4], shift_size=[0, 0], num_heads=2)
+
+
+def windows() -> torch.Tensor:
+    return torch.randn(2, 8, 8, 16)  # [B, H, W, C]: four 4x4 windows per image
+
+
 def seq(batch: int = 4, length: int = 8) -> torch.Tensor:
     return torch.randn(batch, length, 16)
 
@@ -232,6 +245,27 @@ def test_hardcoded_device_says_how() -> None:
         [found] = hits(inspect(Positions(how), x4()), "hardcoded-device")
         assert found.where == f"test_rules.py:{_line(tag)}", how
         assert text in found.message and "device=x.device" in found.fix, how
+
+
+class PrescaledQuery(Attention):
+    """The scale on the query before the matmul (torchvision's Swin): `factor` 0.25 is
+    1/sqrt(16); 1.0 scales nothing and 100 sharpens."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        q = q * self.factor
+        return torch.softmax(q.matmul(k.transpose(-2, -1)), dim=-1) @ v
+
+
+def test_a_scale_on_the_query_counts_only_when_it_shrinks() -> None:
+    assert hits(inspect(PrescaledQuery(0.25), seq()), "softmax-saturated") == []
+    for factor in (1.0, 100.0):
+        [found] = hits(inspect(PrescaledQuery(factor), seq()), "softmax-saturated")
+        assert "no 1/sqrt(d) scale" in found.message, factor
 
 
 def test_softmax_saturated_without_scale_or_one_hot() -> None:
@@ -391,6 +425,8 @@ HEALTHY = [
         (seq(), seq(), seq()),
     ),  # torch's own attention scales: its softmax is not the user's
     ("hardcoded-device", lambda: Positions("follow"), (x4(),)),
+    ("softmax-saturated", lambda: swin_attention(1), (windows(),)),  # q scaled first
+    ("softmax-saturated", lambda: swin_attention(2), (windows(),)),  # cosine attention
 ]
 
 
@@ -520,6 +556,93 @@ def test_losses_on_the_right_inputs_are_quiet() -> None:
     sigmoid_bce = _loss_hits(Head("sigmoid"), lambda o, i: nn.BCELoss()(o, torch.ones_like(o)))
     assert sigmoid_bce == []
     assert _loss_hits(Head("softmax"), None) == []  # the default loss (means) has no loss fn
+
+
+class TwoHeads(nn.Module):
+    """A shared trunk and two heads; the loss functions below cut one head inside the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk, self.value, self.policy = nn.Linear(4, 4), nn.Linear(4, 1), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.relu(self.trunk(x))
+        return self.value(h), self.policy(h)
+
+
+def _detach_in_loss(output, inputs):  # noqa: ANN001, ANN202
+    value, policy = output
+    return (value.detach() - 1.0).pow(2).mean() + policy.pow(2).mean()  # LOSS-DETACH
+
+
+def _nograd_in_loss(output, inputs):  # noqa: ANN001, ANN202
+    value, policy = output
+    with torch.no_grad():
+        target = value * 0.5 + 1.0  # LOSS-NOGRAD
+    return target.mean() + policy.pow(2).mean()
+
+
+def _all_detached(output, inputs):  # noqa: ANN001, ANN202
+    return output[0].detach().mean() + output[1].detach().mean()  # LOSS-ALL
+
+
+def _cut_hits(loss_fn, rule_id: str = "grad-path-cut") -> list[Finding]:  # noqa: ANN001
+    ctx = context_for(TwoHeads(), (x4(),), loss_fn=loss_fn, user_files=[__file__])
+    for stage in VALUE_PASSES:
+        stage.run(ctx)
+    return hits(ctx, rule_id)
+
+
+def test_a_cut_inside_loss_fn_names_its_line() -> None:
+    [found] = _cut_hits(_detach_in_loss)
+    line = _line("LOSS-DETACH")
+    assert (found.severity, found.where) == ("error", f"test_rules.py:{line}")
+    # only the value head feeds the detached term; the trunk reaches the loss via policy
+    assert found.message.startswith("the parameters of 'value' get no gradient")
+    assert f"`detach` in loss_fn at test_rules.py:{line}" in found.message
+    assert "(`return (value.detach() - 1.0).pow(2).mean()" in found.message
+    assert "Remove `.detach()`" in found.fix
+    [nograd] = _cut_hits(_nograd_in_loss)
+    assert nograd.where == f"test_rules.py:{_line('LOSS-NOGRAD')}"
+    assert "`mul` under torch.no_grad() in loss_fn" in nograd.message
+    assert "torch.no_grad()" in nograd.fix
+
+
+def test_a_loss_cut_from_every_parameter_names_its_line() -> None:
+    ctx = context_for(TwoHeads(), (x4(),), loss_fn=_all_detached, user_files=[__file__])
+    for stage in VALUE_PASSES:
+        stage.run(ctx)
+    line = _line("LOSS-ALL")
+    [found] = hits(ctx, "grad-path-cut")  # two detaches on one line: one site
+    assert found.where == f"test_rules.py:{line}"
+    assert "the parameters of 'trunk', 'value', 'policy' get no gradient" in found.message
+    assert ctx.report.gradients.error.startswith("the loss does not require grad")
+    assert f"cut by `detach` in loss_fn at test_rules.py:{line}" in ctx.report.gradients.error
+
+
+def test_a_cut_in_a_model_files_loss_fn_through_the_pipeline() -> None:
+    from inspector.analyze import inspect_model
+
+    path = Path(__file__).with_name("loss_cut_model.py")
+    line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if "CUT-LINE" in t)
+    options = Options(passes={"graph", "gradients", "findings"}, isolate=False)
+    report = inspect_model(f"{path}:Net", options=options)
+    [found] = [f for f in report.findings if f.rule == "grad-path-cut"]
+    assert found.where == f"loss_cut_model.py:{line}"
+    assert "the parameters of 'body' get no gradient" in found.message
+    assert "(`loss = (out.detach() - target).pow(2).mean()  # CUT-LINE" in found.message
+    cut = {p.name: p.cut_at for p in report.gradients.params if p.verdict == "cut"}
+    assert list(cut) == ["body.weight", "body.bias"]
+    assert cut["body.weight"].startswith(f"`detach` in loss_fn at loss_cut_model.py:{line}")
+
+
+def test_a_loss_fn_that_keeps_the_graph_has_no_cut() -> None:
+    def whole(output, inputs):  # noqa: ANN001, ANN202
+        scale = output[1].detach().abs().max().item()  # a Python normaliser: harmless
+        return output[0].pow(2).mean() + output[1].pow(2).mean() / (1.0 + scale)
+
+    assert _cut_hits(whole) == [] and _cut_hits(whole, "unused-parameter") == []
+    assert _cut_hits(whole, "gradients-failed") == []
 
 
 def test_unused_says_whether_module_ran() -> None:

@@ -1,7 +1,9 @@
 """Attention-like softmaxes in forward: a softmax over the last dim of scores that a
-matmul made. For each, whether a scale (1/sqrt(d): a division or multiplication by a
-number) sits between the matmul and the softmax, and at initialisation how many rows put
-more than 0.99 of their weight on one position (saturated: its gradients vanish)."""
+matmul made. For each, whether the scores are scaled (1/sqrt(d): a division or
+multiplication by a number between the matmul and the softmax, or on a matmul operand
+before it, as torchvision's Swin scales q; or operands L2-normalised, cosine attention),
+and at initialisation how many rows put more than 0.99 of their weight on one position
+(saturated: its gradients vanish)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ _KEEPS = frozenset({
     "reshape", "float", "to", "contiguous", "__getitem__", "type_as", "transpose", "permute",
     "sub", "__sub__",
 })  # fmt: skip
+# Ops that keep a matmul operand's scale (q scaled, then split into heads).
+_VIEWS = frozenset({"view", "reshape", "transpose", "permute", "contiguous", "__getitem__",
+                    "float", "to", "type_as", "unsqueeze", "squeeze", "flatten"})  # fmt: skip
 
 
 @dataclass
@@ -47,6 +52,7 @@ class AttentionRecorder(TorchFunctionMode):
         super().__init__()
         self.user_files = list(user_files)
         self.scores: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> "raw"/"scaled"
+        self.prescaled: WeakIdKeyDictionary = WeakIdKeyDictionary()  # operands scaled first
         self.found: dict[str | None, AttentionSoftmax] = {}
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):  # noqa: ANN204
@@ -57,7 +63,10 @@ class AttentionRecorder(TorchFunctionMode):
         if not isinstance(out, torch.Tensor) or not isinstance(first, torch.Tensor):
             return out
         if name in _MATMULS and out.dim() >= 3:
-            self.scores[out] = "raw"
+            operands = [a for a in args if isinstance(a, torch.Tensor)]
+            self.scores[out] = "scaled" if any(a in self.prescaled for a in operands) else "raw"
+        elif self._prescales(name, first, args, kwargs):
+            self.prescaled[out] = True
         elif first in self.scores and name in _SCALES and _by_number(args, kwargs):
             self.scores[out] = "scaled"
         elif first in self.scores and name in _KEEPS:
@@ -65,6 +74,16 @@ class AttentionRecorder(TorchFunctionMode):
         elif name == "softmax" and first in self.scores and _last_dim(args, kwargs, first):
             self._note(first, out)
         return out
+
+    def _prescales(self, name: str, first: torch.Tensor, args: Any, kwargs: dict) -> bool:
+        """A future matmul operand scaled (q * d**-0.5, F.normalize(q)), or a view of one."""
+        if first in self.prescaled:
+            return name in _VIEWS
+        if first in self.scores:
+            return False  # a scale after the matmul: the branch below
+        if name == "normalize":
+            return True
+        return name in _SCALES and _by_number(args, kwargs) and _shrinks(name, args, kwargs)
 
     def _note(self, scores: torch.Tensor, probs: torch.Tensor) -> None:
         caller = user_caller(self.user_files)
@@ -87,9 +106,24 @@ class AttentionRecorder(TorchFunctionMode):
 
 
 def _by_number(args: Any, kwargs: dict) -> bool:
-    """A scale by a Python number or a 0-dim tensor (not a mask or a bias)."""
+    """A scale by a Python number, a 0-dim tensor or one number per head (a tensor whose
+    last two dims are 1, Swin V2's logit scale): not a mask or a bias."""
     other = args[1] if len(args) > 1 else kwargs.get("other")
-    return isinstance(other, int | float) or (isinstance(other, torch.Tensor) and other.dim() == 0)
+    if isinstance(other, int | float):
+        return True
+    if not isinstance(other, torch.Tensor):
+        return False
+    return other.dim() == 0 or (other.dim() >= 2 and other.shape[-2:] == (1, 1))
+
+
+def _shrinks(name: str, args: Any, kwargs: dict) -> bool:
+    """A scale that makes values smaller, as 1/sqrt(d) does (q * 1.0 or q * 100 is not
+    one); a tensor scale counts (its value may be a learned or a fake one)."""
+    other = args[1] if len(args) > 1 else kwargs.get("other")
+    if not isinstance(other, int | float):
+        return True
+    factor = 1 / other if "div" in name and other else other
+    return abs(factor) < 1
 
 
 def _last_dim(args: Any, kwargs: dict, x: torch.Tensor) -> bool:

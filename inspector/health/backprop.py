@@ -7,6 +7,8 @@ import math
 import os
 import re
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -14,7 +16,7 @@ import torch
 from inspector.context import Context
 from inspector.health.locate import is_user_file
 from inspector.health.outputs import float_outputs, make_loss
-from inspector.health.recorder import CutPoint, InplaceOp, recording
+from inspector.health.recorder import CutPoint, ForwardRecorder, InplaceOp, recording
 from inspector.health.state import seeded
 from inspector.tracebacks import INTERNAL_NOTE, inspector_fault
 from inspector.tracebacks import user_location as exc_location
@@ -87,7 +89,8 @@ def backward_once(ctx: Context) -> BackwardRun:
     if any(p.requires_grad for p in model.parameters()):
         run.outputs_without_grad = [k for k, t in float_outputs(output) if not t.requires_grad]
     try:
-        loss, run.loss = make_loss(output, ctx.inputs, ctx.loaded.loss_fn)
+        with _in_loss(rec, ctx.loaded.loss_fn is not None):
+            loss, run.loss = make_loss(output, ctx.inputs, ctx.loaded.loss_fn)
     except Exception as exc:  # noqa: BLE001 - the user's loss_fn
         run.error = f"loss_fn(output, inputs) failed{_at(ctx, exc)}: {type(exc).__name__}: {exc}"
         return run
@@ -96,7 +99,9 @@ def backward_once(ctx: Context) -> BackwardRun:
         return run
     if not loss.requires_grad:
         run.no_grad_path = True
-        run.error = "the loss does not require grad: no parameter gradient reaches it"
+        cut = next((c for c in run.cuts if c.params), None)
+        by = f": the path is cut by {cut.describe()}" if cut else ""
+        run.error = f"the loss does not require grad: no parameter gradient reaches it{by}"
         return run
     run.loss_value = float(loss.detach())
     try:
@@ -107,6 +112,17 @@ def backward_once(ctx: Context) -> BackwardRun:
         run.error = _backward_error(ctx, exc, run)
     run.grads = {n: grad_stats(p.grad) for n, p in model.named_parameters() if p.grad is not None}
     return run
+
+
+@contextmanager
+def _in_loss(rec: ForwardRecorder, record: bool) -> Iterator[None]:
+    """The recorder again over the user's loss_fn, so a cut there gets its line."""
+    if not record:
+        yield
+        return
+    rec.in_loss = True
+    with rec:
+        yield
 
 
 def _at(ctx: Context, exc: BaseException) -> str:

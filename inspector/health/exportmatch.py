@@ -2,11 +2,12 @@
 run on the sample and, with each named dim changed alone, on other inputs, beside eager
 (eval mode, no grad). torch.export's own program is static, so the changed dims run on an
 export with the named dims left dynamic (Dim.AUTO): a dim it had to specialise shows up
-as a failure there. A trace that baked in a branch or a size shows up as a difference."""
+as a failure there. ONNX is exported with those axes dynamic (passes/export.py) and run
+in onnxruntime. A trace or an ONNX program that baked in a branch shows up as a
+difference, one that baked in a size as a failure."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -66,9 +67,9 @@ def _runner(name: str, artifact: Any) -> Callable[[Inputs], Any] | None:
         return lambda inputs: module(*inputs.args, **inputs.kwargs)
     if name.startswith("torchscript"):
         return lambda inputs: artifact(*inputs.args, **inputs.kwargs)
-    if name == "onnx" and importlib.util.find_spec("onnxruntime") is not None:
+    if name == "onnx":  # an ONNXProgram runs itself with onnxruntime
         return lambda inputs: artifact(*flat_tensors(tuple(inputs.args), dict(inputs.kwargs)))
-    return None  # ONNX without onnxruntime: nothing to run it with
+    return None
 
 
 def _dynamic_export(ctx: Context, others: list[tuple[str, Inputs]]) -> Callable[[Inputs], Any]:

@@ -51,8 +51,8 @@ def _missing(ctx: Context, run: BackwardRun, row: ParamGrad) -> None:
         row.verdict = "unused"
         return
     row.verdict = "cut"
-    gm = ctx.capture.graph_module if ctx.capture is not None else None
-    node = fx_cut_node(gm, row.module_path)
+    gm = ctx.capture.graph_module if ctx.capture is not None and not cut.in_loss else None
+    node = fx_cut_node(gm, row.module_path)  # the graph holds the forward, not loss_fn
     row.cut_at = cut.describe() + (f" (graph node `{node}`)" if node else "")
 
 

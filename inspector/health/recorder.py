@@ -1,5 +1,5 @@
-"""Watch the user's forward op by op: where the autograd path is cut, which in-place ops
-run on tensors autograd tracks, and which module each op runs in."""
+"""Watch the user's forward, and their loss_fn after it, op by op: where the autograd path
+is cut, which in-place ops run on tensors autograd tracks, and which module each op runs in."""
 
 from __future__ import annotations
 
@@ -30,12 +30,14 @@ class CutPoint:
     source_line: str | None
     grad_enabled: bool  # False: under torch.no_grad() / inference_mode
     params: set[str] = field(default_factory=set)  # parameter names that feed it
+    in_loss: bool = False  # in loss_fn, after the forward returned
 
     def describe(self) -> str:
         how = f"`{self.op}`" + ("" if self.grad_enabled else " under torch.no_grad()")
         where = f" at {self.location}" if self.location else ""
         line = f" (`{self.source_line}`)" if self.source_line else ""
-        return f"{how} in module '{self.module or '(root)'}'{where}{line}"
+        inside = "loss_fn" if self.in_loss else f"module '{self.module or '(root)'}'"
+        return f"{how} in {inside}{where}{line}"
 
 
 @dataclass
@@ -49,6 +51,12 @@ class InplaceOp:
 
 # Ops that leave autograd for Python or numpy values.
 _TO_PYTHON = {"item", "tolist", "numpy", "__float__", "__int__", "__index__"}
+# Ops that read only their input's shape, dtype and device: no gradient path to cut
+# (`target = torch.zeros_like(out)` in a loss).
+_SHAPE_ONLY = {
+    "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
+    "randint_like", "new_zeros", "new_ones", "new_empty", "new_full", "size", "dim",
+}  # fmt: skip
 
 
 def _op_name(func: Any) -> str:
@@ -77,6 +85,7 @@ class ForwardRecorder(TorchFunctionMode):
         self.called: dict[str, None] = {}  # module paths in order of first call
         self.cuts: list[CutPoint] = []
         self.inplace: list[InplaceOp] = []
+        self.in_loss = False  # set while loss_fn runs on the forward's output
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
@@ -97,10 +106,13 @@ class ForwardRecorder(TorchFunctionMode):
                 grad_fn = type(before).__name__ if before is not None else None
                 self.inplace.append(InplaceOp(name, self.module_stack[-1], *loc, grad_fn))
             return
+        if name in _SHAPE_ONLY:
+            return
         is_cut = name in _TO_PYTHON or (outs and not any(t.requires_grad for t in outs))
         if is_cut and len(self.cuts) < _MAX_EVENTS:
             loc = user_location(self.user_files) or (None, None)
             cut = CutPoint(name, self.module_stack[-1], *loc, torch.is_grad_enabled())
+            cut.in_loss = self.in_loss
             cut.params = _feeding_params(inputs, self.param_names)
             self.cuts.append(cut)
 

@@ -18,19 +18,23 @@ from typing import Any
 
 import torch
 
-from inspector.context import Context
+from inspector.context import Context, Inputs
+from inspector.graph.exportcapture import Flat, flat_tensors, moving_axes
 from inspector.health.exportmatch import changed_inputs, check_target
 from inspector.libraryoutput import library_output_captured, printed_summary
 from inspector.report import ExportTarget
 from inspector.tracebacks import user_location
 
-__all__ = ["run", "TARGETS"]
+__all__ = ["run", "TARGETS", "ONNX_MODULES"]
 
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 
+# A target: (context, the inputs with each named dim changed) -> the exported artifact.
+Attempt = Callable[[Context, list[tuple[str, Inputs]]], Any]
 
-def _export(strict: bool) -> Callable[[Context], Any]:
-    def attempt(ctx: Context) -> Any:
+
+def _export(strict: bool) -> Attempt:
+    def attempt(ctx: Context, others: list[tuple[str, Inputs]]) -> Any:
         return torch.export.export(
             ctx.model, tuple(ctx.inputs.args), dict(ctx.inputs.kwargs), strict=strict
         )
@@ -52,15 +56,22 @@ def _trace(ctx: Context) -> Any:
         return torch.jit.trace(ctx.model, tuple(ctx.inputs.args), strict=False)
 
 
-def _onnx(ctx: Context) -> Any:
+def _onnx(ctx: Context, others: list[tuple[str, Inputs]]) -> Any:
+    """The dynamo ONNX exporter on the flattened inputs, with the axes the named dims move
+    left dynamic (Dim.AUTO, as for torch.export), so onnxruntime can run it at other dims."""
+    args, kwargs = tuple(ctx.inputs.args), dict(ctx.inputs.kwargs)
+    tensors = flat_tensors(args, kwargs)
+    axes = moving_axes(tensors, [flat_tensors(tuple(i.args), dict(i.kwargs)) for _, i in others])
+    auto = torch.export.Dim.AUTO
+    shapes = {"tensors": tuple({a: auto for a in ax} for ax in axes)} if any(axes) else None
     # The exporter narrates its steps on stdout and logs warnings about optional packages;
     # the report is the place for its verdict.
     with contextlib.redirect_stdout(io.StringIO()), _quiet_logger("torch.onnx"):
         return torch.onnx.export(
-            ctx.model,
-            tuple(ctx.inputs.args),
-            kwargs=dict(ctx.inputs.kwargs),
+            Flat(ctx.model, args, kwargs).eval(),
+            tuple(tensors),
             dynamo=True,
+            dynamic_shapes=shapes,
             verbose=False,
         )
 
@@ -81,13 +92,15 @@ def _quiet_logger(name: str) -> Iterator[None]:
         logger.setLevel(level)
 
 
-TARGETS: list[tuple[str, Callable[[Context], Any]]] = [
+TARGETS: list[tuple[str, Attempt]] = [
     ("export-nonstrict", _export(strict=False)),
     ("export-strict", _export(strict=True)),
-    ("torchscript-script", _script),
-    ("torchscript-trace", _trace),
+    ("torchscript-script", lambda ctx, others: _script(ctx)),
+    ("torchscript-trace", lambda ctx, others: _trace(ctx)),
     ("onnx", _onnx),
 ]
+# What running an ONNX target needs: the exporter (onnx, onnxscript) and a runtime.
+ONNX_MODULES = ("onnx", "onnxscript", "onnxruntime")
 
 
 def run(ctx: Context) -> None:
@@ -98,16 +111,22 @@ def run(ctx: Context) -> None:
         for name, attempt in TARGETS
         if level == "all" or (level == "fast" and name not in SLOW_TARGETS)
     ]
+    others = changed_inputs(ctx) if chosen and not ctx.options.fake else []
     artifacts: dict[str, Any] = {}
-    ctx.report.export.targets = [_try(ctx, name, attempt, artifacts) for name, attempt in chosen]
-    others = changed_inputs(ctx) if artifacts else []
+    ctx.report.export.targets = [
+        _try(ctx, name, attempt, others, artifacts) for name, attempt in chosen
+    ]
     for target in ctx.report.export.targets:
         if target.target in artifacts:
             check_target(ctx, target, artifacts[target.target], others)
 
 
 def _try(
-    ctx: Context, name: str, attempt: Callable[[Context], Any], artifacts: dict[str, Any]
+    ctx: Context,
+    name: str,
+    attempt: Attempt,
+    others: list[tuple[str, Inputs]],
+    artifacts: dict[str, Any],
 ) -> ExportTarget:
     skip = _skip_reason(ctx, name)
     if skip:
@@ -120,7 +139,7 @@ def _try(
     ctx.model.eval()  # exports are for inference: BatchNorm and Dropout in eval mode
     try:
         with library_output_captured() as out:  # a failing export dumps its graph
-            artifacts[name] = attempt(ctx)
+            artifacts[name] = attempt(ctx, others)
     except Exception as exc:  # any failure is the answer we report
         output = printed_summary(out.text)
         return ExportTarget(
@@ -139,8 +158,12 @@ def _try(
 def _skip_reason(ctx: Context, name: str) -> str | None:
     if ctx.options.fake:
         return "not attempted: fake mode has no weights to export (run without --fake)"
-    if name == "onnx" and not all(importlib.util.find_spec(m) for m in ("onnx", "onnxscript")):
-        return "not attempted: install onnx and onnxscript to check ONNX export"
+    missing = [m for m in ONNX_MODULES if importlib.util.find_spec(m) is None]
+    if name == "onnx" and missing:
+        return (
+            f"not attempted: {', '.join(missing)} not installed (pip install "
+            "'model-graph-inspector[export]' installs onnx, onnxscript and onnxruntime)"
+        )
     if ctx.loaded.source_kind == "torchscript" and name.startswith("torchscript"):
         return "the model already is TorchScript"
     return None

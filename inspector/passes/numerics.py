@@ -1,6 +1,7 @@
 """Numeric health: value statistics of every node's first floating output (`Node.stats`),
 the first node producing NaN/Inf, dead ReLUs, saturated sigmoid/tanh, mixed-precision
-hazards. One no-grad forward; the model's state is restored afterwards."""
+hazards. One no-grad forward; the model's state is restored afterwards. Under a low
+precision dtype, also the norm layers whose eps it loses (health/normeps.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 
 from inspector.context import Context
+from inspector.health.normeps import lost_norm_eps
 from inspector.health.outputs import flat_tensors
 from inspector.health.state import preserved, seeded
 from inspector.health.stats import tensor_stats
@@ -56,6 +58,15 @@ def run(ctx: Context) -> None:
     result.computed = True
     for node in ctx.report.nodes:
         node.stats = result.stats.get(node.name, node.stats)
+    _check_norm_eps(ctx)
+
+
+def _check_norm_eps(ctx: Context) -> None:
+    try:
+        ctx.results.lost_norm_eps = lost_norm_eps(ctx)
+    except Exception as exc:  # noqa: BLE001 - the user's forward under autocast
+        note = "numerics: norm layers' eps not checked, the low-precision forward failed"
+        ctx.report.meta.warnings.append(f"{note}: {type(exc).__name__}: {exc}")
 
 
 def _observe(result: NumericsResult, ref: NodeRef, value: Any, min_samples: int) -> None:

@@ -6,6 +6,8 @@ from collections.abc import Iterator
 
 from inspector.context import Context
 from inspector.health.backprop import BackwardRun
+from inspector.health.cutsite import cut_for
+from inspector.health.recorder import CutPoint
 from inspector.report import Finding, ParamGrad, Report
 from inspector.rules.registry import finding, rule
 from inspector.rules.where import node_at
@@ -44,14 +46,31 @@ def _cut_fix(cut_at: str) -> str:
 
 @rule("grad-path-cut", "error")
 def grad_path_cut(ctx: Context, report: Report) -> Iterator[Finding]:
-    """Trainable parameters get no gradient because the path to the loss is cut."""
+    """Trainable parameters get no gradient because the path to the loss is cut: one
+    finding per module cut in forward, one per cut site in loss_fn (at its line)."""
+    run = _run(ctx)
+    in_loss: dict[str, tuple[CutPoint, list[str]]] = {}  # by site: two detaches on a line
     for module, rows in _by_module(report.gradients.params, "cut").items():
+        cut = cut_for(rows[0].name, run.cuts) if run else None
+        if cut is not None and cut.in_loss:
+            in_loss.setdefault(cut.describe(), (cut, []))[1].append(module or "(root)")
+            continue
         yield finding(
             "grad-path-cut",
             module,
             f"{_names(rows)} of module '{module or '(root)'}' get no gradient: the path to "
             f"the loss is cut by {rows[0].cut_at}.",
             _cut_fix(rows[0].cut_at or ""),
+        )
+    for cut, modules in in_loss.values():
+        listed = ", ".join(f"'{m}'" for m in modules[:_LIST])
+        more = f" and {len(modules) - _LIST} more" if len(modules) > _LIST else ""
+        yield finding(
+            "grad-path-cut",
+            cut.location or "",
+            f"the parameters of {listed}{more} get no gradient: the model's output reaches "
+            f"the loss, but the path is cut by {cut.describe()}.",
+            _cut_fix(cut.describe()),
         )
 
 
@@ -79,7 +98,7 @@ def unused_parameter(ctx: Context, report: Report) -> Iterator[Finding]:
 def output_without_grad(ctx: Context, report: Report) -> Iterator[Finding]:
     """An output does not require grad although trainable parameters feed it."""
     run = _run(ctx)
-    cuts = [c for c in run.cuts if c.params] if run else []
+    cuts = [c for c in run.cuts if c.params and not c.in_loss] if run else []
     if not cuts:
         return
     for label in run.outputs_without_grad:

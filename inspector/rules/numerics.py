@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import torch
+
 from inspector.context import Context
 from inspector.health.attention import SATURATED_PROB
 from inspector.health.stats import FP16_MIN_NORMAL
@@ -171,7 +173,13 @@ def _runs_in_fp16(node: Node | None) -> bool:
 def fp16_underflow(ctx: Context, report: Report) -> Iterator[Finding]:
     """Outputs of ops fp16 autocast runs in float16 (matmuls, convolutions) mostly below
     its normal range (0 < |x| < 6.1e-5): they lose their precision or flush to zero.
-    Warning under --dtype fp16."""
+    Warning under --dtype fp16. Also norm layers whose eps the low-precision run rounds
+    to zero where they add it to the variance (health/normeps.py)."""
+    yield from _activations_underflow(ctx, report)
+    yield from _norm_eps_lost(ctx)
+
+
+def _activations_underflow(ctx: Context, report: Report) -> Iterator[Finding]:
     by_name = {n.name: n for n in report.nodes}
     nodes = [
         (name, s.fp16_underflow_fraction)
@@ -193,4 +201,25 @@ def fp16_underflow(ctx: Context, report: Report) -> Iterator[Finding]:
         "Use bf16 autocast (float32's range), rescale (a larger init or a normalisation "
         "before these ops), or keep them in float32; for gradients, torch.amp.GradScaler.",
         severity=severity,
+    )
+
+
+def _norm_eps_lost(ctx: Context) -> Iterator[Finding]:
+    lost = ctx.results.lost_norm_eps
+    if not lost:
+        return
+    dtype = lost[0].dtype
+    info = torch.finfo(getattr(torch, dtype))
+    subnormal = info.smallest_normal * info.eps  # float16: 2**-14 * 2**-10 = 6.0e-8
+    named = _listed([f"'{x.path}' ({x.type}, eps={x.eps:g}, {x.input_dtype} input)" for x in lost])
+    yield finding(
+        "fp16-underflow",
+        lost[0].path,
+        f"{len(lost)} norm layer(s) lose their eps in {dtype}: {named}. {dtype} rounds an eps "
+        f"below {subnormal / 2:.2g} (half its smallest subnormal) to 0 where these layers add "
+        "it to the variance, so a row with zero variance (padding, a constant feature, values "
+        "that underflowed) gives inf/NaN; each of them did on a zero-variance input here.",
+        "Use eps >= 1e-5 (float16 keeps it to 0.6%), or compute the norm in float32: "
+        "upcast its input (x.float(), as HF's RMSNorm does) or use nn.LayerNorm / "
+        "nn.RMSNorm, which autocast runs with eps in float32.",
     )

@@ -45,7 +45,7 @@ def _autocast() -> FitChange:
     )
 
 
-def _checkpoint(c: Candidate, p: Pieces) -> FitChange:
+def _checkpoint(c: Candidate, p: Pieces, verified: float | None) -> FitChange:
     paths = list(c.checkpoint)
     total = len(p.blocks)
     shown = ", ".join(paths[:3]) + (" ..." if len(paths) > 3 else "")
@@ -53,8 +53,7 @@ def _checkpoint(c: Candidate, p: Pieces) -> FitChange:
         kind="checkpoint",
         summary=f"Checkpoint {len(paths)} of {total} blocks ({shown}): each recomputes its "
         "forward in backward instead of keeping its activations",
-        cost=f"+{100 * c.extra_compute:.1f}% compute predicted (the blocks' forward once more "
-        "in backward); no numerical risk",
+        cost=_recompute_cost(c.extra_compute, verified) + "; no numerical risk",
         risk=RISKS[0],
         snippet="import functools\nfrom torch.utils.checkpoint import checkpoint\n\n"
         f"for name in {paths_expression(paths)}:\n"
@@ -62,6 +61,14 @@ def _checkpoint(c: Candidate, p: Pieces) -> FitChange:
         "    block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)\n"
         "# the same as x = checkpoint(self.layers[i], x, use_reentrant=False) in forward",
         where=paths,
+    )
+
+
+def _recompute_cost(predicted: float, verified: float | None) -> str:
+    counted = f", {100 * verified:.1f}% counted in the verified run" if verified is not None else ""
+    return (
+        f"+{100 * predicted:.1f}% compute predicted (the blocks' forward once more in "
+        f"backward){counted}"
     )
 
 
@@ -129,8 +136,9 @@ def _shard(c: Candidate) -> FitChange:
     )
 
 
-def changes_of(c: Candidate, p: Pieces) -> list[FitChange]:
-    """The candidate's changes, cheapest first."""
+def changes_of(c: Candidate, p: Pieces, verified_compute: float | None = None) -> list[FitChange]:
+    """The candidate's changes, cheapest first; `verified_compute`: the recompute share
+    counted in its run."""
     out = []
     if c.gpus > 1:
         out.append(_shard(c))
@@ -139,7 +147,7 @@ def changes_of(c: Candidate, p: Pieces) -> list[FitChange]:
     if c.accumulation > 1:
         out.append(_accumulate(c))
     if c.checkpoint and c.gpus == 1:  # under FSDP every block is checkpointed (_shard)
-        out.append(_checkpoint(c, p))
+        out.append(_checkpoint(c, p, verified_compute))
     if c.changed_optimizer:
         out.append(_optimizer(c, p))
     if c.bf16_params:

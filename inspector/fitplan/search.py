@@ -277,4 +277,4 @@ def _fill(s: _Search, plan: FitPlan, found: tuple[Candidate, Verified]) -> None:
         flops, recompute = count_flops(s.ctx, s.a, replace(c, gpus=1))
         plan.extra_compute = round(recompute / max(flops - recompute, 1), 4)
         plan.recompute_flops = recompute * c.accumulation
-    plan.changes = changes_of(c, s.p)
+    plan.changes = changes_of(c, s.p, plan.extra_compute if c.checkpoint else None)

@@ -44,11 +44,11 @@ class Stack(nn.Module):
     """Six residual MLP blocks; `checkpointed` lists the blocks whose forward runs under
     `torch.utils.checkpoint`, as the fit plan's snippet writes it."""
 
-    def __init__(self, n: int = 6, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, n: int = 6, dtype: torch.dtype = torch.float32, d: int = 32) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.layers = nn.ModuleList(Block(dtype=dtype) for _ in range(n))
-        self.head = nn.Linear(32, 4, dtype=dtype)
+        self.layers = nn.ModuleList(Block(d, 8 * d, dtype=dtype) for _ in range(n))
+        self.head = nn.Linear(d, 4, dtype=dtype)
         self.checkpointed: set[int] = set()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -63,6 +63,14 @@ class Stack64(Stack):
 
     def __init__(self) -> None:
         super().__init__(dtype=torch.float64)
+
+
+class StackWide(Stack):
+    """Weights that do not fit one GPU's budget even in bf16 with SGD: 6 blocks of
+    2 * 256 * 2048 + 2048 + 256 = 1,050,880 parameters, 25.2 MB in float32."""
+
+    def __init__(self) -> None:
+        super().__init__(d=256)
 
 
 def _fit(spec: str, budget: int, entry: str = "Stack", **options: object) -> object:
@@ -167,6 +175,20 @@ def test_an_impossible_budget_gets_no_plan_and_the_closest() -> None:
     ran = [t.verified_peak_bytes for t in plan.tried if t.verified_peak_bytes is not None]
     assert plan.verified_peak_bytes == min(ran)
     assert not any(t.fits for t in plan.tried)
+
+
+@pytest.mark.slow
+def test_sharding_when_no_one_gpu_plan_fits() -> None:
+    """16 MiB is less than the parameters and gradients alone in bf16 (6,305,280 params
+    + the head's 1,028: 2 x 2 B each = 25.2 MB), so one GPU cannot; FSDP can, verified
+    at the GPUs it needs and (the distributed planner's check) at one fewer."""
+    spec = '{"x": {"shape": ["B", 256]}, "dims": {"B": 8}}'
+    plan = _fit(spec, 16 * MIB, entry="StackWide").memory.fit_plan
+    assert plan.found and plan.gpus > 1 and plan.verified_peak_bytes <= 16 * MIB
+    assert [c.kind for c in plan.changes][0] == "shard"
+    fewer = [t for t in plan.tried if t.summary.startswith(f"FSDP on {plan.gpus - 1} GPUs")]
+    assert plan.gpus == 2 or (fewer and not fewer[0].fits)
+    assert plan.micro_batch * plan.accumulation_steps * plan.gpus >= 8
 
 
 # -- option errors ----------------------------------------------------------------------

@@ -60,7 +60,7 @@ class Candidate:
         if self.gpus > 1:
             parts.append(f"FSDP on {self.gpus} GPUs")
         if self.autocast:
-            parts.append("bf16 autocast")
+            parts.append("bf16 autocast" if self.gpus == 1 else "bf16 MixedPrecisionPolicy")
         if self.bf16_params:
             parts.append("bf16 parameters")
         if self.changed_optimizer:

@@ -122,16 +122,25 @@ def _bf16_params() -> FitChange:
 
 
 def _shard(c: Candidate) -> FitChange:
+    bf16 = ", computing in bf16 (MixedPrecisionPolicy)" if c.autocast else ""
+    policy = (
+        "policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)\n"
+        if c.autocast
+        else ""
+    )
+    kwargs = "mp_policy=policy" if c.autocast else ""
     return FitChange(
         kind="shard",
         summary=f"Shard parameters, gradients and optimizer state over {c.gpus} GPUs "
-        "(FSDP2: fully_shard per block and the root), every block checkpointed",
-        cost=f"{c.gpus} GPUs; all-gathers and reduce-scatters every step",
-        risk=RISKS[0],
-        snippet="from torch.distributed.fsdp import fully_shard\n\n"
+        f"(FSDP2: fully_shard per block and the root){bf16}, every block checkpointed",
+        cost=f"{c.gpus} GPUs; all-gathers and reduce-scatters every step"
+        + ("; low numerical risk: bf16 compute and gradient reduction" if c.autocast else ""),
+        risk=RISKS[1] if c.autocast else RISKS[0],
+        snippet="from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n\n"
+        f"{policy}"
         "for block in blocks:  # the repeated layers\n"
-        "    fully_shard(block)\n"
-        "fully_shard(model)\n"
+        f"    fully_shard(block{', ' + kwargs if kwargs else ''})\n"
+        f"fully_shard(model{', ' + kwargs if kwargs else ''})\n"
         f"# torchrun --nproc-per-node {c.gpus} train.py",
     )
 
@@ -142,7 +151,7 @@ def changes_of(c: Candidate, p: Pieces, verified_compute: float | None = None) -
     out = []
     if c.gpus > 1:
         out.append(_shard(c))
-    if c.autocast:
+    if c.autocast and c.gpus == 1:  # under FSDP, bf16 compute is its policy (_shard)
         out.append(_autocast())
     if c.accumulation > 1:
         out.append(_accumulate(c))

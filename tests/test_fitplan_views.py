@@ -111,3 +111,20 @@ def test_fit_through_the_api(tmp_path, monkeypatch) -> None:
                               ({"fit": "1GiB", "fit_batch": "0"}, "fit batch '0'")):  # fmt: skip
             refused = upload(env, data=data)
             assert refused.status_code == 422 and message in refused.text, refused.text
+
+
+def test_submit_sends_fit_as_the_api_reads_it() -> None:
+    """`inspector submit --fit 24GiB --batch 64` -> the form fields the API parses."""
+    from inspector.ci.submit import _form
+    from inspector.cli import build_parser
+    from server.api.formfields import parse_options
+
+    args = build_parser().parse_args(
+        ["submit", "model.py:Net", "--server", "http://x", "--fit", "24GiB", "--batch", "64"]
+    )
+    form = _form(args)
+    assert form["fit"] == "24GiB" and form["fit_batch"] == "64"
+    options = parse_options(optimizer="adamw", dtype="float32", device=None, fake=True,
+                            budget=None, default_device="cpu", fit=form["fit"],
+                            fit_batch=form["fit_batch"])  # fmt: skip
+    assert options["fit_bytes"] == 24 * GIB and options["fit_batch"] == 64

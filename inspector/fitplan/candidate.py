@@ -6,7 +6,8 @@ takes everywhere: it does not outrank compute), extra compute (recompute FLOPs p
 FLOPs), micro-steps per optimizer step (smaller micro-batches use an accelerator less
 well), then low risk.
 - bf16 autocast: low risk (standard mixed precision, float32 master weights), no compute.
-- activation checkpointing: no risk (the same arithmetic), the blocks' forward again.
+- activation checkpointing: no risk (the same arithmetic), the blocks' forward again;
+  selective (per op: matmul outputs kept, element-wise ops recomputed): no matmul FLOPs.
 - gradient accumulation: no risk, no extra FLOPs, except that BatchNorm then normalises
   over the micro-batch (low risk).
 - a lighter optimizer (AdamW -> SGD with momentum -> SGD): medium risk (other training
@@ -41,6 +42,7 @@ class Candidate:
     autocast: bool = False  # bf16 autocast newly turned on
     bf16_params: bool = False  # parameters (and so gradients, state) cast to bf16
     checkpoint: tuple[str, ...] = ()  # block paths run under torch.utils.checkpoint
+    selective: bool = False  # the other blocks keep only their matmul outputs (selective)
     gpus: int = 1  # FSDP ranks; 1: no sharding
     batchnorm: bool = False  # the model has BatchNorm: accumulation changes its statistics
     extra_compute: float = 0.0  # predicted recompute FLOPs / step FLOPs
@@ -51,9 +53,10 @@ class Candidate:
     def risk(self) -> int:
         return risk_of(self)
 
-    def cost(self) -> tuple[int, int, float, int, int]:
+    def cost(self) -> tuple[int, int, float, int, int, int]:
         serious = self.risk if self.risk >= RISKS.index("medium") else 0
-        return (self.gpus, serious, round(self.extra_compute, 4), self.accumulation, self.risk)
+        return (self.gpus, serious, round(self.extra_compute, 4), self.accumulation,
+                int(self.selective), self.risk)  # fmt: skip
 
     def summary(self) -> str:
         parts = []
@@ -67,6 +70,8 @@ class Candidate:
             parts.append(f"optimizer {self.optimizer}")
         if self.checkpoint:
             parts.append(f"checkpoint {len(self.checkpoint)} block(s)")
+        if self.selective:
+            parts.append("selective checkpointing of the others")
         if self.accumulation > 1:
             parts.append(f"micro-batch {self.micro_batch} x {self.accumulation} accumulation")
         return ", ".join(parts) or "no changes"

@@ -6,6 +6,7 @@ import re
 
 from inspector.fitplan.candidate import RISKS, Candidate
 from inspector.fitplan.pieces import Pieces
+from inspector.fitplan.selective import SNIPPET
 from inspector.report import FitChange
 from inspector.units import format_bytes
 
@@ -61,6 +62,19 @@ def _checkpoint(c: Candidate, p: Pieces, verified: float | None) -> FitChange:
         "    block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)\n"
         "# the same as x = checkpoint(self.layers[i], x, use_reentrant=False) in forward",
         where=paths,
+    )
+
+
+def _selective(c: Candidate, p: Pieces, names: list[str]) -> FitChange:
+    return FitChange(
+        kind="selective-checkpoint",
+        summary=f"Selective checkpointing of {len(names)} block(s): each keeps its matmul "
+        "outputs and recomputes the element-wise ops (activations, norms) in backward",
+        cost="no matmul FLOPs recomputed, only element-wise ops (memory-bound, cheap); "
+        "no numerical risk",
+        risk=RISKS[0],
+        snippet=SNIPPET.replace("NAMES", paths_expression(names)),
+        where=names,
     )
 
 
@@ -157,6 +171,9 @@ def changes_of(c: Candidate, p: Pieces, verified_compute: float | None = None) -
         out.append(_accumulate(c))
     if c.checkpoint and c.gpus == 1:  # under FSDP every block is checkpointed (_shard)
         out.append(_checkpoint(c, p, verified_compute))
+    if c.selective and c.gpus == 1:
+        others = [path for path in p.block_paths if path not in c.checkpoint]
+        out.append(_selective(c, p, others))
     if c.changed_optimizer:
         out.append(_optimizer(c, p))
     if c.bf16_params:

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 import torch
 
 from inspector.context import Context
+from inspector.fitplan.selective import selective
 from inspector.memory import advice, scaling, setups
-from inspector.memory.analysis import Analysis, fb_peak
+from inspector.memory.analysis import Analysis, fb_peak, rerun
 from inspector.memory.step import unique_tensors
 
 __all__ = ["Block", "Pieces", "gather"]
@@ -45,6 +46,9 @@ class Pieces:
     step_flops: int = 0  # forward + backward FLOPs at the input's batch
     float32_params: bool = True
     batchnorm: bool = False
+    # selective checkpointing of every block: forward/backward peak freed, at the batch
+    selective_saving_bytes: int = 0
+    block_paths: list[str] = field(default_factory=list)  # every block, saving or not
 
 
 def gather(ctx: Context, a: Analysis, optimizers: list[str]) -> Pieces:
@@ -76,7 +80,20 @@ def gather(ctx: Context, a: Analysis, optimizers: list[str]) -> Pieces:
         float32_params=any(p.dtype == torch.float32 for p in trainable),
         batchnorm=any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
                       for m in ctx.model.modules()),
+        selective_saving_bytes=_selective_saving(a),
+        block_paths=[path for path, _ in advice.blocks(a.model) if path],
     )  # fmt: skip
+
+
+def _selective_saving(a: Analysis) -> int:
+    """What selective checkpointing of every block takes off the forward/backward peak,
+    measured: the step run that way (optimizer state resident, as in the advice runs)."""
+    paths = [path for path, _ in advice.blocks(a.model) if path]
+    if not paths:
+        return 0
+    with selective(a.model, paths):
+        run = rerun(a, a.inputs)
+    return max(0, fb_peak(a.train) - fb_peak(run))
 
 
 def _blocks(ctx: Context, a: Analysis) -> list[Block]:

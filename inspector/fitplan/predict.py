@@ -23,6 +23,7 @@ __all__ = [
     "activation_scale",
     "fb_without_checkpoint",
     "checkpoint_relief",
+    "selective_share",
     "optimizer_peak",
 ]
 
@@ -63,12 +64,20 @@ def _static(p: Pieces) -> float:
     return p.param_bytes + p.buffer_bytes + p.input_bytes + p.grad_bytes
 
 
+def selective_share(p: Pieces, c: Candidate) -> float:
+    """Selective checkpointing's saving per block (its measured total, evenly), scaled."""
+    count = len(p.block_paths)
+    return p.selective_saving_bytes / count * activation_scale(p, c) if count else 0.0
+
+
 def checkpoint_relief(p: Pieces, c: Candidate) -> float:
-    """Bytes the candidate's checkpointed blocks take off the forward/backward peak."""
+    """Bytes the candidate's checkpointing takes off the forward/backward peak: the fully
+    checkpointed blocks' savings less the largest (recomputed at once in backward), and
+    the selective share of each other block."""
     savings = [b.saving_bytes for b in p.blocks if b.path in c.checkpoint]
-    if not savings:
-        return 0.0
-    return (sum(savings) - max(savings)) * activation_scale(p, c)
+    full = (sum(savings) - max(savings)) * activation_scale(p, c) if savings else 0.0
+    others = len([path for path in p.block_paths if path not in c.checkpoint])
+    return full + (selective_share(p, c) * others if c.selective else 0.0)
 
 
 def optimizer_peak(p: Pieces, c: Candidate) -> float:

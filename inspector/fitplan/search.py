@@ -1,8 +1,9 @@
 """The search: every candidate predicted, the cheapest predicted to fit run first.
 
-Candidates are every combination of bf16 autocast, bf16 parameters, a lighter optimizer
-and a micro-batch dividing the effective batch, each with the cheapest checkpointing
-(the knapsack) that the prediction says brings it under the budget. They are run on fake
+Candidates are every combination of bf16 autocast, bf16 parameters, a lighter optimizer,
+a micro-batch dividing the effective batch and selective checkpointing (on or off), each
+with the cheapest full checkpointing (the knapsack) that the prediction says brings it
+under the budget. They are run on fake
 tensors cheapest first (`candidate.Candidate.cost`); a run over the budget is tried once
 more with the checkpointing re-chosen for the shortfall it showed, then the next. Only
 when no one-GPU plan fits is FSDP sharding tried, with the fewest GPUs that fit (the
@@ -13,6 +14,7 @@ its run fits; otherwise the closest run is reported, marked as not found.
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
 from dataclasses import dataclass, field, replace
 
@@ -27,6 +29,7 @@ from inspector.fitplan.predict import (
     fb_without_checkpoint,
     optimizer_peak,
     predict_peak,
+    selective_share,
 )
 from inspector.fitplan.verify import Verified, count_flops, verify, verify_sharded
 from inspector.memory import scaling
@@ -77,14 +80,18 @@ def _with_checkpoint(p: Pieces, c: Candidate, budget: int, extra: int = 0) -> Ca
     if optimizer_peak(p, c) > budget:
         return None
     need = fb_without_checkpoint(p, c) + extra - budget
+    share = selective_share(p, c) if c.selective else 0.0
+    if c.selective:  # every block selective first; a block fully checkpointed loses it
+        need -= share * len(p.block_paths)
     if need <= 0:
         return c
     scale = activation_scale(p, c)
-    items = [(round(b.saving_bytes * scale), b.flops) for b in p.blocks]
+    items = [(max(0, round(b.saving_bytes * scale - share)), b.flops) for b in p.blocks]
     if not items:
         return None
     # the largest block's activations come back while it is recomputed
-    chosen = cheapest_cover(items, round(need + max(s for s, _ in items)))
+    largest = max(b.saving_bytes for b in p.blocks) * scale
+    chosen = cheapest_cover(items, round(need + largest))
     if chosen is None:
         return None
     return checkpointing(p, c, {p.blocks[i].path for i in chosen})
@@ -103,16 +110,17 @@ def candidates(p: Pieces, batch: int | None, budget: int, autocast_ok: bool) -> 
     """Every one-GPU candidate predicted to fit, cheapest first."""
     optimizers = [p.optimizer, *LIGHTER_OPTIMIZERS.get(p.optimizer, ())]
     micro = _divisors(batch) if (batch and p.batch) else [None]
+    selective = (False, True) if p.selective_saving_bytes > 0 else (False,)
     out = []
     for bf16_params in (False, True) if p.float32_params else (False,):
         for autocast in (False, True) if autocast_ok and not bf16_params else (False,):
             for optimizer in optimizers:
-                for m in micro:
+                for m, sel in itertools.product(micro, selective):
                     base = Candidate(
                         optimizer=optimizer, micro_batch=m,
                         accumulation=(batch // m) if (batch and m) else 1,
                         autocast=autocast, bf16_params=bf16_params, batchnorm=p.batchnorm,
-                        changed_optimizer=optimizer != p.optimizer,
+                        changed_optimizer=optimizer != p.optimizer, selective=sel,
                     )  # fmt: skip
                     c = _with_checkpoint(p, base, budget)
                     if c is not None and predict_peak(p, c) <= budget:

@@ -29,7 +29,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from inspector.context import Context, Inputs
 from inspector.distributed.fsdp import fsdp_heaviest
 from inspector.fitplan.candidate import Candidate
+from inspector.fitplan.selective import selective
 from inspector.memory import scaling
+from inspector.memory.advice import blocks
 from inspector.memory.analysis import Analysis
 from inspector.memory.checkpointing import checkpointed
 from inspector.memory.shadow import fake_inputs, fake_shadow
@@ -109,11 +111,18 @@ def _shadow(ctx: Context, a: Analysis, c: Candidate) -> tuple[torch.nn.Module, I
     return shadow, inputs
 
 
+def _selective_paths(c: Candidate, a: Analysis) -> list[str]:
+    """The blocks under selective checkpointing: every block not fully checkpointed."""
+    if not c.selective:
+        return []
+    return [path for path, _ in blocks(a.model) if path and path not in c.checkpoint]
+
+
 def verify(ctx: Context, a: Analysis, c: Candidate) -> Verified:
     """The candidate's training step on fake tensors: its peak."""
     shadow, inputs = _shadow(ctx, a, c)
     steps = min(c.accumulation, ACCUMULATION_RUN)
-    with checkpointed(shadow, list(c.checkpoint)):
+    with checkpointed(shadow, list(c.checkpoint)), selective(shadow, _selective_paths(c, a)):
         train = train_step(shadow, inputs, _options(a, c, steps))
     return Verified(train.peak_bytes, train.grad_bytes)
 
@@ -126,9 +135,9 @@ def count_flops(ctx: Context, a: Analysis, c: Candidate) -> tuple[int, int]:
     shadow, inputs = _shadow(ctx, a, c)
     opts = replace(_options(a, c, 1), optimizer="none")
     counted = []
-    for paths in (list(c.checkpoint), []):
+    for paths, others in ((list(c.checkpoint), _selective_paths(c, a)), ([], [])):
         counter = FlopCounterMode(display=False)
-        with checkpointed(shadow, paths), counter:
+        with checkpointed(shadow, paths), selective(shadow, others), counter:
             train_step(shadow, inputs, opts)
         counted.append(counter.get_total_flops())
     return counted[0], counted[0] - counted[1]

@@ -286,3 +286,9 @@ def _fill(s: _Search, plan: FitPlan, found: tuple[Candidate, Verified]) -> None:
         plan.extra_compute = round(recompute / max(flops - recompute, 1), 4)
         plan.recompute_flops = recompute * c.accumulation
     plan.changes = changes_of(c, s.p, plan.extra_compute if c.checkpoint else None)
+    per_step = (c.micro_batch or 0) * c.accumulation * c.gpus
+    if s.batch and per_step and per_step != s.batch:  # ranks x micro-batch overshoot B
+        plan.notes.append(
+            f"{c.gpus} ranks x micro-batch {c.micro_batch} x {c.accumulation} make an "
+            f"effective batch of {per_step}, not {s.batch}"
+        )

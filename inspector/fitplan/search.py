@@ -231,9 +231,10 @@ def plan_fit(ctx: Context, a: Analysis, budget: int, batch: int | None = None) -
     _, input_batch = scaling.batch_size_of(ctx.factory, ctx.inputs)
     effective = batch or input_batch
     optimizers = [a.opts.optimizer, *LIGHTER_OPTIMIZERS.get(a.opts.optimizer, ())]
-    p = gather(ctx, a, optimizers)
+    notes: list[str] = []
+    p = gather(ctx, a, optimizers, notes)
     s = _Search(ctx, a, p, budget, effective if input_batch else None)
-    plan = FitPlan(budget_bytes=budget, batch=s.batch)
+    plan = FitPlan(budget_bytes=budget, batch=s.batch, notes=notes)
     if batch and not input_batch:
         plan.notes.append("the inputs have no batch dimension: --batch is left out")
     autocast_ok = a.opts.autocast is None and p.float32_params

@@ -34,4 +34,11 @@ def run(ctx: Context) -> None:
             notes=[f"no fit plan: {why}, and plans are verified on fake tensors"],
         )  # fmt: skip
         return
-    ctx.report.memory.fit_plan = plan_fit(ctx, a, budget, ctx.options.fit_batch)
+    try:
+        ctx.report.memory.fit_plan = plan_fit(ctx, a, budget, ctx.options.fit_batch)
+    except Exception as exc:  # the report keeps everything else
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        ctx.report.memory.fit_plan = FitPlan(
+            budget_bytes=budget, batch=ctx.options.fit_batch,
+            notes=[f"no fit plan: the search failed ({type(exc).__name__}: {first})"],
+        )  # fmt: skip

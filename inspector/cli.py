@@ -168,7 +168,40 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
         "fsdp:8,param_dtype=bf16, ddp:4,bucket_mb=50; repeatable. The input is one rank's "
         "batch; the fewest GPUs per accelerator size come with each strategy",
     )
+    p.add_argument(
+        "--fit",
+        type=_fit_budget,
+        metavar="BUDGET",
+        help="search the cheapest changes (bf16 autocast, checkpointing, accumulation, "
+        "optimizer, bf16 parameters, FSDP) that bring the training-step peak under BUDGET "
+        "(24GiB, 80GB), each plan verified on fake tensors",
+    )
+    p.add_argument(
+        "--batch",
+        type=_fit_batch,
+        metavar="B",
+        help="with --fit: the effective batch per optimizer step the plan keeps "
+        "(default: the input's batch)",
+    )
     p.set_defaults(func=_cmd_inspect)
+
+
+def _fit_budget(text: str) -> int:
+    from inspector.schema.options import OptionError, fit_budget
+
+    try:
+        return fit_budget(text)
+    except OptionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fit_batch(text: str) -> int:
+    from inspector.schema.options import OptionError, fit_batch
+
+    try:
+        return fit_batch(text)
+    except OptionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _plan(text: str) -> str:
@@ -253,6 +286,11 @@ def _options(args: argparse.Namespace) -> Options:
 
     if args.passes is not None:
         _check_passes(args.passes)
+    if args.batch is not None and args.fit is None:
+        raise UserError(
+            "--batch is the effective batch of a --fit plan, and no --fit was given.",
+            hint="Add --fit BUDGET, e.g. --fit 24GiB --batch 64.",
+        )
     return Options(
         device=args.device,
         fake=args.fake,
@@ -267,6 +305,8 @@ def _options(args: argparse.Namespace) -> Options:
         compile=args.compile,
         serving=args.serving,
         parallel=list(args.parallel),
+        fit_bytes=args.fit,
+        fit_batch=args.batch,
     )
 
 

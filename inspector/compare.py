@@ -11,7 +11,7 @@ from typing import Any
 from inspector.report import Module, Report
 from inspector.schema.figures import FIGURES
 
-__all__ = ["compare_reports", "delta", "setup_drift", "DRIFT_KEYS"]
+__all__ = ["compare_reports", "delta", "setup_drift", "distributed_diff", "DRIFT_KEYS"]
 
 
 def delta(a: int | float | None, b: int | float | None) -> dict[str, Any]:
@@ -33,7 +33,34 @@ def compare_reports(a: Report, b: Report) -> dict[str, Any]:
         "modules": _modules(a, b),
         "findings": _findings_diff(a, b),
         "drift": setup_drift(a, b),
+        "distributed": distributed_diff(a, b),
     }
+
+
+def distributed_diff(a: Report, b: Report) -> dict[str, Any]:
+    """Per `--parallel` plan (by its normal form) the heaviest rank's peak; per strategy
+    and budget the fewest GPUs; the fit plans' verified peak and GPUs. A plan or count
+    only one side has shows with the other side None."""
+    plans_a = {p.spec: p.per_rank_peak_bytes for p in a.distributed.plans}
+    plans_b = {p.spec: p.per_rank_peak_bytes for p in b.distributed.plans}
+    gpus_a = {(g.strategy, g.budget_bytes): g.gpus for g in a.distributed.gpus_needed}
+    gpus_b = {(g.strategy, g.budget_bytes): g.gpus for g in b.distributed.gpus_needed}
+    fit_a, fit_b = a.memory.fit_plan, b.memory.fit_plan
+    return {
+        "plans": [
+            {"spec": s, "per_rank_peak_bytes": delta(plans_a.get(s), plans_b.get(s))}
+            for s in dict.fromkeys([*plans_a, *plans_b])
+        ],
+        "gpus_needed": [
+            {"strategy": k[0], "budget_bytes": k[1], "gpus": delta(gpus_a.get(k), gpus_b.get(k))}
+            for k in dict.fromkeys([*gpus_a, *gpus_b])
+        ],
+        "fit_plan": None if fit_a is None and fit_b is None else {
+            "verified_peak_bytes": delta(fit_a and fit_a.verified_peak_bytes,
+                                         fit_b and fit_b.verified_peak_bytes),
+            "gpus": delta(fit_a and fit_a.gpus, fit_b and fit_b.gpus),
+        },
+    }  # fmt: skip
 
 
 # What a report was computed with that changes its figures, key -> label. A difference

@@ -47,6 +47,8 @@ class Options:
     compile: str = DEFAULT_COMPILE  # torch.compile readiness: COMPILE_LEVELS
     serving: bool | None = None  # serving memory; None: on for presets/configs of decoder LMs
     parallel: list[str] = field(default_factory=list)  # --parallel plans (schema/parallel.py)
+    fit_bytes: int | None = None  # --fit BUDGET: search the cheapest changes that fit it
+    fit_batch: int | None = None  # --batch B: effective batch the plan keeps (None: the input's)
     # overrides of the health thresholds (inspector.health.thresholds.DEFAULTS)
     thresholds: dict[str, float] = field(default_factory=dict)
     # passes in forked children (a native crash costs one pass); None: where it is cheap

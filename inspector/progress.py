@@ -27,6 +27,7 @@ DEFAULT_STAGE_SECONDS: dict[str, float] = {
     "probe": 0.5,  # one instrumented forward and the loss
     "compile": 3.0,  # one Dynamo trace with an eager backend (issue #18's bench: ~5% of a run)
     "distributed": 0.0,  # only with --parallel plans: learned from reports that had them
+    "fitplan": 0.0,  # only with --fit: learned from reports that had it
     "findings": 0.1,
 }
 MIN_STAGE_SECONDS = 0.01  # every stage that runs moves the bar a little

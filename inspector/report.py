@@ -210,6 +210,49 @@ class SetupEstimate(_Model):
     train_peak_bytes: int = 0
 
 
+class FitChange(_Model):
+    """One change of a fit plan, what it costs and how to make it."""
+
+    kind: str  # autocast-bf16 / checkpoint / accumulate / optimizer / bf16-params / shard
+    summary: str  # "Checkpoint 6 of 12 blocks (h.0 ... h.5)"
+    cost: str  # what it costs: extra compute, numerical risk, GPUs
+    risk: str  # numerical risk: none / low / medium / high
+    snippet: str  # the code that makes the change
+    where: list[str] = Field(default_factory=list)  # the blocks it touches
+
+
+class FitTry(_Model):
+    """A candidate plan run on fake tensors during the search."""
+
+    summary: str
+    predicted_peak_bytes: int | None = None  # None: sharded (predicted by the FSDP line)
+    verified_peak_bytes: int | None = None  # None: the run failed (see error)
+    fits: bool = False
+    error: str | None = None
+
+
+class FitPlan(_Model):
+    """`--fit BUDGET`: the cheapest verified changes that bring the training-step peak (per
+    rank under sharding) under the budget, or the closest plan tried."""
+
+    budget_bytes: int
+    found: bool = False  # a plan within these changes fits, by its fake-tensor run
+    batch: int | None = None  # the effective batch per optimizer step (--batch, else the input's)
+    micro_batch: int | None = None  # per forward (per rank under sharding)
+    accumulation_steps: int = 1
+    gpus: int = 1
+    baseline_peak_bytes: int | None = None  # no changes, at the effective batch
+    predicted_peak_bytes: int | None = None  # the chosen (or closest) plan, by the model
+    verified_peak_bytes: int | None = None  # the same plan run on fake tensors
+    predicted_extra_compute: float | None = None  # recompute FLOPs / step FLOPs, by module
+    extra_compute: float | None = None  # the same, counted in the verified run
+    recompute_flops: int | None = None  # per optimizer step, counted in the verified run
+    changes: list[FitChange] = Field(default_factory=list)
+    tried: list[FitTry] = Field(default_factory=list)
+    seconds: float | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
 class Memory(_Model):
     optimizer: str | None = None
     param_dtype: str | None = None
@@ -238,6 +281,7 @@ class Memory(_Model):
     unmodelled_kernel_ops: list[str] = Field(default_factory=list)
     advice: list[MemoryAdvice] = Field(default_factory=list)
     setups: list[SetupEstimate] = Field(default_factory=list)  # the same model, other set-ups
+    fit_plan: FitPlan | None = None  # --fit BUDGET: the verified cheapest changes that fit
 
 
 class ParamGrad(_Model):

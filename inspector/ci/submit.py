@@ -90,6 +90,10 @@ def _add_analysis(p: argparse.ArgumentParser) -> None:
                    help="torch.compile readiness: none, fast (default), all")  # fmt: skip
     p.add_argument("--parallel", action="append", default=[], metavar="STRATEGY:N",
                    help="per-rank memory on N ranks (fsdp:8, ddp:4); repeatable")  # fmt: skip
+    p.add_argument("--fit", metavar="BUDGET",
+                   help="the cheapest verified changes that fit BUDGET (24GiB)")  # fmt: skip
+    p.add_argument("--batch", metavar="B",
+                   help="with --fit: the effective batch the plan keeps")  # fmt: skip
 
 
 def _add_gates(p: argparse.ArgumentParser) -> None:
@@ -215,6 +219,8 @@ def _form(args: argparse.Namespace) -> dict[str, Any]:
         "serving": args.serving,
         "compile": args.compile,
         "parallel": args.parallel or None,
+        "fit": args.fit,
+        "fit_batch": args.batch,
     }
 
 

@@ -9,6 +9,9 @@ The training step, the definition every figure here follows (and `measure.py` to
   zero_grad(set_to_none=True).
   peak: the most bytes live at any op of the step: params + buffers + inputs + optimizer
   state + activations + gradients + temporaries.
+Gradient accumulation (`micro_steps` > 1): forward -> loss -> backward that many times
+before the optimizer step; from the second on, the forward runs with the gradients of the
+earlier ones resident, as in a real accumulation loop (two show its steady state).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class StepOptions:
     # Skip the optimizer: its state is this many bytes, resident (a cheaper re-run at
     # another batch size or dtype; the optimizer phase does not depend on either).
     resident_state_bytes: int | None = None
+    micro_steps: int = 1  # forward + backward passes per optimizer step (accumulation)
 
 
 @dataclass
@@ -142,16 +146,19 @@ def _tracked_step(
     exclude = {storage_key(t) for t in [*model.parameters(), *model.buffers()]}
     tracker.mark(INPUT_LABEL)
     with tracker, module_labels(model, tracker, tag=True) as calls:
-        with SavedTracker(tracker, exclude) as saved, _autocast(opts):
-            tracker.label = None
-            output = inputs.call(model)
-            tracker.label = LOSS_LABEL
-            loss = compute_loss(opts.loss_fn, output, inputs)
-            tag_graph(loss, LOSS_LABEL)
-            del output
-        tracker.mark(LOSS_LABEL)
-        tracker.set_phase("backward")
-        loss.backward()
+        for micro in range(opts.micro_steps):
+            if micro:  # the next micro-batch: its forward, the gradients so far resident
+                tracker.set_phase("forward")
+            with SavedTracker(tracker, exclude) as saved, _autocast(opts):
+                tracker.label = None
+                output = inputs.call(model)
+                tracker.label = LOSS_LABEL
+                loss = compute_loss(opts.loss_fn, output, inputs)
+                tag_graph(loss, LOSS_LABEL)
+                del output
+            tracker.mark(LOSS_LABEL)
+            tracker.set_phase("backward")
+            loss.backward()
         grad_bytes = sum(p.grad.untyped_storage().nbytes() for p in trainable if p.grad is not None)
         tracker.set_phase("optimizer")
         tracker.label = OPTIMIZER_LABEL

@@ -12,6 +12,7 @@ from inspector.passes import (
     dynamo,
     export,
     findings,
+    fitplan,
     gradients,
     graph,
     memory,
@@ -27,6 +28,7 @@ PASSES: list[tuple[str, Pass]] = [
     ("graph", graph.run),  # shapes, parameters, FLOPs -> nodes, modules, totals
     ("memory", memory.run),  # static memory, saved activations, peaks, batch scaling
     ("distributed", distributed.run),  # --parallel: per-rank memory, fewest GPUs that fit
+    ("fitplan", fitplan.run),  # --fit BUDGET: the cheapest verified changes that fit
     ("gradients", gradients.run),  # one forward + backward: gradient flow per param/layer/node
     ("numerics", numerics.run),  # Node.stats: ranges, NaN/Inf, dead ReLU, fp16/bf16 hazards
     ("modes", modes.run),  # train() vs eval(): mode-dependent modules, divergence, BatchNorm
@@ -52,4 +54,6 @@ def runs_model(name: str, ctx: Context) -> bool:
         return serving.wanted(ctx)
     if name == "distributed":
         return bool(ctx.options.parallel)
+    if name == "fitplan":
+        return fitplan.wanted(ctx)
     return True

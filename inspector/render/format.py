@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from inspector.report import Report
+from inspector.report import FitPlan, Report
 from inspector.schema.figures import FIGURES, SUMMARY_FIGURES
 from inspector.units import format_bytes, format_flops
 
@@ -23,6 +23,7 @@ __all__ = [
     "percent_change",
     "key_figures",
     "failed_attempts",
+    "fit_headline",
 ]
 
 GIB = 1024**3
@@ -106,3 +107,21 @@ def failed_attempts(report: Report) -> list[str]:
             text += f": {first}" if first else ""
         lines.append(text)
     return lines
+
+
+def fit_headline(plan: FitPlan) -> str:
+    """One line: the verdict, the GPUs and the peaks, e.g. for a summary or a PR comment."""
+    budget = format_bytes(plan.budget_bytes)
+    if plan.verified_peak_bytes is None:
+        return f"no fit plan for {budget}"
+    verdict = "fits" if plan.found else "no plan found within these changes; closest"
+    gpus = f" on {plan.gpus} GPUs" if plan.gpus > 1 else ""
+    predicted = (
+        f"predicted {format_bytes(plan.predicted_peak_bytes)}, "
+        if plan.predicted_peak_bytes is not None
+        else ""
+    )
+    return (
+        f"{verdict} {budget}{gpus}: {predicted}verified {format_bytes(plan.verified_peak_bytes)}"
+        f" (now {format_bytes(plan.baseline_peak_bytes)})"
+    )

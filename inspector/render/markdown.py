@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Callable
 from urllib.parse import quote
 
 from inspector.compare import setup_drift
-from inspector.render.format import Figure, failed_attempts, key_figures, percent_change
+from inspector.render.format import (
+    Figure,
+    budget_label,
+    failed_attempts,
+    fit_headline,
+    key_figures,
+    percent_change,
+)
 from inspector.report import Finding, Report
 from inspector.schema.findings import SEVERITIES
+from inspector.units import format_bytes
 
 __all__ = ["render_markdown", "escape_markdown"]
 
@@ -39,7 +48,8 @@ def render_markdown(
         parts.append(_failure(report))
     else:
         drift = _drift(report, baseline) if baseline is not None else ""
-        parts += [drift, _figures_table(report, baseline), _findings(report.findings)]
+        parts += [drift, _figures_table(report, baseline), _fit(report)]
+        parts += [_distributed(report, baseline), _findings(report.findings)]
         parts.append(_capture(report))
     if link:
         parts.append(_link(link))
@@ -108,6 +118,63 @@ def _delta(new: Figure, old: Figure) -> str:
     arrow, sign = ("▲", "+") if diff > 0 else ("▼", "−")
     size = f"{abs(diff):,}" if new.label.startswith("Largest batch") else new.fmt(abs(diff))
     pct = percent_change(new.value, old.value)
+    ratio = "new" if pct is None else f"{pct:+.1f}%".replace("-", "−")
+    return f"{arrow} {sign}{size} ({ratio})"
+
+
+# -- training at scale: the fit plan, per-rank peaks, GPUs needed ---------------------
+
+
+def _fit(report: Report) -> str:
+    plan = report.memory.fit_plan
+    if plan is None:
+        return ""
+    changes = "; ".join(escape_markdown(c.summary) for c in plan.changes) or "no changes"
+    return f"**Make it fit:** {escape_markdown(fit_headline(plan))}. Changes: {changes}."
+
+
+def _distributed(report: Report, baseline: Report | None) -> str:
+    """Heaviest-rank peak per plan and the fewest GPUs per strategy and budget, with the
+    baseline's beside them (matched by plan and by strategy and budget)."""
+    d = report.distributed
+    if not d.plans and not d.gpus_needed:
+        return ""
+    old = baseline.distributed if baseline is not None else None
+    old_peaks = {p.spec: p.per_rank_peak_bytes for p in old.plans} if old else {}
+    old_gpus = {(g.strategy, g.budget_bytes): g.gpus for g in old.gpus_needed} if old else {}
+    rows = [(f"Heaviest rank, `{escape_markdown(p.spec)}`", p.per_rank_peak_bytes,
+             old_peaks.get(p.spec), format_bytes) for p in d.plans if not p.error]  # fmt: skip
+    rows += [
+        (f"GPUs needed, `{escape_markdown(g.strategy)}` on {budget_label(g.budget_bytes)}",
+         g.gpus, old_gpus.get((g.strategy, g.budget_bytes)), _gpus)
+        for g in d.gpus_needed
+    ]  # fmt: skip
+    if old is None:
+        table = ["| Distributed (per rank) | Value |", "|---|---:|"]
+        table += [f"| {label} | {fmt(new)} |" for label, new, _, fmt in rows]
+    else:
+        table = [
+            "| Distributed (per rank) | This report | Baseline | Change |",
+            "|---|---:|---:|---:|",
+        ]
+        table += [f"| {label} | {fmt(new)} | {fmt(was)} | {_count_delta(new, was, fmt)} |"
+                  for label, new, was, fmt in rows]  # fmt: skip
+    return "\n".join(table)
+
+
+def _gpus(n: int | None) -> str:
+    return f"{n:,}" if n else "no fit"
+
+
+def _count_delta(new: int | None, old: int | None, fmt: Callable[..., str]) -> str:
+    if new is None or old is None:
+        return "n/a"
+    diff = new - old
+    if diff == 0:
+        return "no change"
+    arrow, sign = ("▲", "+") if diff > 0 else ("▼", "−")
+    size = format_bytes(abs(diff)) if fmt is format_bytes else f"{abs(diff):,}"
+    pct = percent_change(new, old)
     ratio = "new" if pct is None else f"{pct:+.1f}%".replace("-", "−")
     return f"{arrow} {sign}{size} ({ratio})"
 

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from inspector.render.distributed import distributed_section
+from inspector.render.fitplan import fit_section
 from inspector.render.format import (
     budget_label,
     failed_attempts,
@@ -49,8 +50,8 @@ def render_terminal(
         _print_failure(report, console)
         return
     _print_module_table(report, depth, console)
-    sections = (_summary, _memory, _advice, _setups, distributed_section, _serving, _gradients,
-                _compile, _export)  # fmt: skip
+    sections = (_summary, _memory, _advice, _setups, fit_section, distributed_section, _serving,
+                _gradients, _compile, _export)  # fmt: skip
     for section in sections:
         grid = section(report)
         if grid is not None:

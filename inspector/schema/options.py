@@ -7,6 +7,8 @@ with one message, whichever front end the value came through.
 
 from __future__ import annotations
 
+from inspector.units import parse_size
+
 __all__ = [
     "OptionError",
     "OPTIMIZERS",
@@ -27,6 +29,8 @@ __all__ = [
     "SERVING_CHOICES",
     "DEFAULT_SERVING",
     "serving_choice",
+    "fit_budget",
+    "fit_batch",
 ]
 
 # Optimizer state in the memory figures; "none" means forward and backward only.
@@ -100,3 +104,25 @@ def autocast_dtype(value: str) -> str:
     if key not in _DTYPE_ALIASES:
         raise OptionError(f"dtype {value!r}: use one of {', '.join(AUTOCAST_DTYPES)}")
     return _DTYPE_ALIASES[key]
+
+
+def fit_budget(value: str | int) -> int:
+    """`--fit BUDGET`: '24GiB', '80GB' or bytes -> bytes, positive."""
+    try:
+        size = parse_size(value)
+    except ValueError as exc:
+        raise OptionError(f"fit budget: {exc}") from None
+    if size <= 0:
+        raise OptionError(f"fit budget {value!r} must be positive, e.g. 24GiB or 80GB")
+    return size
+
+
+def fit_batch(value: str | int) -> int:
+    """`--batch B`: the effective batch per optimizer step, a whole number >= 1."""
+    text = str(value).strip()
+    if not text.isdigit() or int(text) < 1:
+        raise OptionError(
+            f"fit batch {value!r}: the effective batch per optimizer step, a whole number "
+            "of samples >= 1 (e.g. --batch 64)"
+        )
+    return int(text)

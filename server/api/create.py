@@ -181,6 +181,12 @@ def create_report(
     parallel: list[str] = Form(
         [], description="per-rank plans, e.g. fsdp:8 or ddp:4,bucket_mb=50; repeated or ;-separated"
     ),
+    fit: str | None = Form(
+        None, description="search the cheapest verified changes that fit this budget, e.g. 24GiB"
+    ),
+    fit_batch: str | None = Form(
+        None, description="with fit: the effective batch per optimizer step the plan keeps"
+    ),
 ) -> CreatedReport:
     """Upload a model (and its input) to be inspected; returns the report's links."""
     settings: Settings = request.app.state.settings
@@ -190,7 +196,7 @@ def create_report(
     options = parse_options(
         optimizer=optimizer, dtype=dtype, device=device, fake=fake, budget=budget,
         default_device=settings.device, export=export, serving=serving, compile=compile,
-        parallel=parallel,
+        parallel=parallel, fit=fit, fit_batch=fit_batch,
     )  # fmt: skip
     with ExitStack() as stack:
         if preset:

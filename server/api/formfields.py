@@ -13,6 +13,8 @@ from inspector.schema.options import (
     compile_level,
     device_choice,
     export_level,
+    fit_batch,
+    fit_budget,
     optimizer_choice,
     serving_choice,
 )
@@ -66,6 +68,8 @@ def parse_options(
     serving: str = DEFAULT_SERVING,
     compile: str = DEFAULT_COMPILE,
     parallel: list[str] | None = None,
+    fit: str | None = None,
+    fit_batch: str | None = None,
 ) -> dict[str, Any]:
     """The options the job child hands to `inspector.analyze` (names of `Options` fields)."""
     try:
@@ -78,6 +82,7 @@ def parse_options(
             "serving": serving_choice(serving),
         }
         plans = _plans(parallel or [])
+        chosen.update(_fit(fit, fit_batch))
     except OptionError as exc:
         raise _invalid(str(exc)) from None
     if plans:  # absent when none: the options of uploads without plans stay as they were
@@ -90,6 +95,20 @@ def _plans(fields: list[str]) -> list[str]:
     (a plan's own options are comma-separated)."""
     texts = [t for field in fields for t in field.replace("\n", ";").split(";") if t.strip()]
     return [parse_plan(t).text for t in texts]
+
+
+def _fit(budget: str | None, batch: str | None) -> dict[str, int]:
+    """`fit_bytes` and `fit_batch` when a fit budget is given (absent otherwise, as for
+    plans); a batch without a budget is refused."""
+    budget, batch = (budget or "").strip(), (batch or "").strip()
+    if not budget:
+        if batch:
+            raise OptionError("fit_batch is the effective batch of a fit plan: give fit too")
+        return {}
+    out = {"fit_bytes": fit_budget(budget)}
+    if batch:
+        out["fit_batch"] = fit_batch(batch)
+    return out
 
 
 def _budgets(text: str | None) -> list[int]:

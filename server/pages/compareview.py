@@ -57,6 +57,7 @@ def compare_view(a: Report, b: Report) -> dict[str, Any]:
         "unchanged": diff["modules"].get("unchanged", 0),
         "findings": diff.get("findings", {"added": [], "resolved": []}),
         "drift": diff.get("drift", []),
+        "distributed": _distributed_rows(diff.get("distributed", {})),
         "grads": {"a": _grad_series(a), "b": _grad_series(b)},
     }
 
@@ -73,6 +74,35 @@ def _summary_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
             "delta": _signed(d["delta"], unit), "percent": pct(d["percent"]),
             "direction": d["direction"],
         })  # fmt: skip
+    return rows
+
+
+def _row(key: str, label: str, d: dict[str, Any], unit: str) -> dict[str, Any]:
+    return {
+        "key": key, "label": label, "a": _fmt(d["a"], unit), "b": _fmt(d["b"], unit),
+        "delta": _signed(d["delta"], unit), "percent": pct(d["percent"]),
+        "direction": d["direction"],
+    }  # fmt: skip
+
+
+def _distributed_rows(diff: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per-plan heaviest-rank peaks, GPUs needed per strategy and budget, the fit plan."""
+    rows = [
+        _row(f"per_rank_peak_{p['spec']}", f"Heaviest rank, {p['spec']}",
+             p["per_rank_peak_bytes"], "bytes")
+        for p in diff.get("plans", [])
+    ]  # fmt: skip
+    rows += [
+        _row(f"gpus_{g['strategy']}_{g['budget_bytes']}",
+             f"GPUs needed, {g['strategy']} on {format_bytes(g['budget_bytes'])}", g["gpus"],
+             "count")
+        for g in diff.get("gpus_needed", [])
+    ]  # fmt: skip
+    fit = diff.get("fit_plan")
+    if fit:
+        rows.append(_row("fit_verified_peak", "Fit plan, verified peak",
+                         fit["verified_peak_bytes"], "bytes"))  # fmt: skip
+        rows.append(_row("fit_gpus", "Fit plan, GPUs", fit["gpus"], "count"))
     return rows
 
 

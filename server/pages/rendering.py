@@ -15,7 +15,7 @@ from markupsafe import Markup
 from inspector.schema.figures import FIGURES
 from inspector.schema.findings import PROBLEM_VERDICTS
 from inspector.schema.statuses import JOB_STATUSES, status_label
-from inspector.units import format_bytes, format_count
+from inspector.units import format_bytes, format_count, format_flops
 from server.pages.formats import pct, shape, when
 
 __all__ = ["templates", "render", "not_found", "script_json"]
@@ -26,7 +26,8 @@ TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 def _make_env() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES_DIR), autoescape=True)
     env.trim_blocks = env.lstrip_blocks = True
-    env.filters.update(bytes=format_bytes, count=format_count, shape=shape, pct=pct)
+    env.filters.update(bytes=format_bytes, count=format_count, flops=format_flops, shape=shape)
+    env.filters.update(pct=pct)
     env.filters.update(status_label=status_label, when=when)
     env.globals["figures"] = FIGURES  # labels: {{ figures.train_peak_bytes.label }}
     env.globals["problem_verdicts"] = list(PROBLEM_VERDICTS)  # gradient verdicts to flag

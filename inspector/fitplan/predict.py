@@ -1,0 +1,92 @@
+"""A candidate's training-step peak, predicted from the memory pass's pieces (no run).
+
+  forward/backward peak(m) = fixed + per_sample * m (the measured batch line), with
+  - bf16 autocast or bf16 parameters: the batch-dependent part times the measured bf16
+    ratio;
+  - bf16 parameters: parameters, gradients and (Adam, momentum) state at half;
+  - another optimizer: its state instead of the current one's;
+  - checkpointed blocks: their savings freed (scaled to the micro-batch and dtype), less
+    the largest of them, which its recompute brings back during backward;
+  - accumulation: the gradients of the earlier micro-steps resident throughout;
+  optimizer-step peak = parameters + buffers + inputs + gradients + state + temporaries;
+  peak = the larger of the two.
+The prediction only orders the candidates; `verify` runs the one chosen.
+"""
+
+from __future__ import annotations
+
+from inspector.fitplan.candidate import Candidate
+from inspector.fitplan.pieces import Pieces
+
+__all__ = [
+    "predict_peak",
+    "activation_scale",
+    "fb_without_checkpoint",
+    "checkpoint_relief",
+    "selective_share",
+    "optimizer_peak",
+]
+
+
+def activation_scale(p: Pieces, c: Candidate) -> float:
+    """How the batch-dependent bytes scale: micro-batch over the input's batch, times the
+    bf16 ratio when the activations become bf16."""
+    scale = (c.micro_batch / p.batch) if (p.batch and c.micro_batch) else 1.0
+    if (c.autocast or c.bf16_params) and p.bf16_ratio is not None:
+        scale *= p.bf16_ratio
+    return scale
+
+
+def _statics(p: Pieces, c: Candidate) -> tuple[float, float, float]:
+    """(parameters, gradients, optimizer state) bytes under the candidate."""
+    half = 0.5 if c.bf16_params else 1.0
+    state = p.state.get(c.optimizer, (0, 0))[0]
+    return p.param_bytes * half, p.grad_bytes * half, state * half
+
+
+def fb_without_checkpoint(p: Pieces, c: Candidate) -> float:
+    """The forward/backward peak before any checkpointing."""
+    params, grads, state = _statics(p, c)
+    current_state = p.state.get(p.optimizer, (0, 0))[0]
+    m = c.micro_batch or p.batch or 0
+    batch_part = p.per_sample_bytes * m
+    if (c.autocast or c.bf16_params) and p.bf16_ratio is not None:
+        batch_part *= p.bf16_ratio
+    fixed = p.fixed_bytes - (p.param_bytes - params) - (p.grad_bytes - grads)
+    fixed += state - current_state
+    if not p.per_sample_bytes:  # no batch line: the measured peak above the static, scaled
+        fixed = (fixed - _static(p)) * activation_scale(p, c) + _static(p)
+    accumulated = grads if c.accumulation > 1 else 0.0
+    return fixed + batch_part + accumulated
+
+
+def _static(p: Pieces) -> float:
+    return p.param_bytes + p.buffer_bytes + p.input_bytes + p.grad_bytes
+
+
+def selective_share(p: Pieces, c: Candidate) -> float:
+    """Selective checkpointing's saving per block (its measured total, evenly), scaled."""
+    count = len(p.block_paths)
+    return p.selective_saving_bytes / count * activation_scale(p, c) if count else 0.0
+
+
+def checkpoint_relief(p: Pieces, c: Candidate) -> float:
+    """Bytes the candidate's checkpointing takes off the forward/backward peak: the fully
+    checkpointed blocks' savings less the largest (recomputed at once in backward), and
+    the selective share of each other block."""
+    savings = [b.saving_bytes for b in p.blocks if b.path in c.checkpoint]
+    full = (sum(savings) - max(savings)) * activation_scale(p, c) if savings else 0.0
+    others = len([path for path in p.block_paths if path not in c.checkpoint])
+    return full + (selective_share(p, c) * others if c.selective else 0.0)
+
+
+def optimizer_peak(p: Pieces, c: Candidate) -> float:
+    params, grads, state = _statics(p, c)
+    temporaries = p.state.get(c.optimizer, (0, 0))[1] * (0.5 if c.bf16_params else 1.0)
+    inputs = p.input_bytes * ((c.micro_batch / p.batch) if (p.batch and c.micro_batch) else 1)
+    return params + p.buffer_bytes + inputs + grads + state + temporaries
+
+
+def predict_peak(p: Pieces, c: Candidate) -> int:
+    fb = fb_without_checkpoint(p, c) - checkpoint_relief(p, c)
+    return round(max(fb, optimizer_peak(p, c)))

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from inspector.context import Context
-from inspector.health.exportmatch import changed_inputs, check_target
+from inspector.health.exportmatch import EagerOutputs, changed_inputs, check_target
 from inspector.libraryoutput import library_output_captured, printed_summary
 from inspector.report import ExportTarget
 from inspector.tracebacks import user_location
@@ -101,9 +101,10 @@ def run(ctx: Context) -> None:
     artifacts: dict[str, Any] = {}
     ctx.report.export.targets = [_try(ctx, name, attempt, artifacts) for name, attempt in chosen]
     others = changed_inputs(ctx) if artifacts else []
+    eager = EagerOutputs(ctx)  # one eager run per input set, whatever the targets
     for target in ctx.report.export.targets:
         if target.target in artifacts:
-            check_target(ctx, target, artifacts[target.target], others)
+            check_target(ctx, target, artifacts[target.target], others, eager)
 
 
 def _try(

@@ -17,6 +17,8 @@ as the service's jobs do.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python bench/pipeline.py
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python bench/pipeline.py --only mlp,deep --save /tmp/r
+    git archive main | tar -x -C /tmp/main    # then, before and after in one run:
+    OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python bench/pipeline.py --before /tmp/main
 """
 
 from __future__ import annotations
@@ -108,11 +110,14 @@ def cold_import_seconds(runs: int = 3) -> float:
     return statistics.median(times)
 
 
-def run_child(name: str, steps: int, save: str | None) -> dict:
+def run_child(name: str, steps: int, save: str | None, code: str | None = None) -> dict:
+    """One case in a fresh interpreter; `code`: the inspector package from that tree (the
+    models still from this one)."""
     cmd = [sys.executable, __file__, "--case", name, "--steps", str(steps)]
     cmd += ["--save", save] if save else []
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    env = {**os.environ, "PYTHONPATH": code or str(ROOT)}
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def table(rows: list[dict]) -> str:
@@ -122,14 +127,14 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         budget = max(3 * r["step_s"], 2 * r["import_s"])
         lines.append(
-            f"| {r['case']} | {r['nodes']} | {r['step_s']:.3f} | {r['import_s']:.2f} | "
+            f"| {r['label']} | {r['nodes']} | {r['step_s']:.3f} | {r['import_s']:.2f} | "
             f"{r['report_s']:.2f} | {r['report_s'] / r['step_s']:.1f}x | "
             f"**{r['report_s'] / budget:.2f}** |"
         )
     lines += ["", "| case | " + " | ".join(stages) + " |", "|" + "---|" * (len(stages) + 1)]
     for r in rows:
         cells = [f"{r['timings_s'].get(s, 0):.2f}" for s in stages]
-        lines.append(f"| {r['case']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -145,20 +150,36 @@ def main() -> int:
     parser.add_argument("--only", help="comma-separated cases: " + ",".join(CASES))
     parser.add_argument("--steps", type=int, default=3, help="timed training steps (median)")
     parser.add_argument("--save", metavar="DIR", help="write each report's JSON there")
+    parser.add_argument(
+        "--before",
+        metavar="TREE",
+        help="also run each case with the inspector package of TREE (e.g. `git archive` of "
+        "main unpacked there), interleaved; its reports go to DIR/before with --save",
+    )
     parser.add_argument("--case", help=argparse.SUPPRESS)  # the child's own case
     args = parser.parse_args()
     if args.case:
         print(json.dumps(one_case(args.case, args.steps, args.save)))
         return 0
-    if args.save:
-        Path(args.save).mkdir(parents=True, exist_ok=True)
+    trees = [("", None, args.save)]
+    if args.before:
+        before_dir = str(Path(args.save, "before")) if args.save else None
+        trees.insert(0, ("before", str(Path(args.before).resolve()), before_dir))
+    for _, _, save in trees:
+        if save:
+            Path(save).mkdir(parents=True, exist_ok=True)
     names = args.only.split(",") if args.only else list(CASES)
     rows = []
     for name in names:
-        row = run_child(name, args.steps, args.save)
-        row["import_s"] = cold_import_seconds()
-        rows.append(row)
-        print(f"{name}: report {row['report_s']:.2f} s, step {row['step_s']:.3f} s", flush=True)
+        for tag, code, save in trees:
+            row = run_child(name, args.steps, save, code)
+            row["import_s"] = cold_import_seconds()
+            row["label"] = f"{name} ({tag})" if tag else name
+            rows.append(row)
+            print(
+                f"{row['label']}: report {row['report_s']:.2f} s, step {row['step_s']:.3f} s",
+                flush=True,
+            )
     print(f"\nload average {os.getloadavg()[0]:.1f}, OMP_NUM_THREADS=1\n")
     print(table(rows))
     return 0

@@ -6,7 +6,7 @@ tensors the values of that step do not exist, and an in-place update (`mul_`, `l
 `addcdiv_`...) changes no shape, dtype or stride: its fake kernel only returns its
 first argument. Skipping those kernels leaves the state as the full step leaves it,
 while the full step over many parameters costs seconds of fake dispatch (the 1,000-node
-bench model has 800 parameters, about ten ops each for AdamW).
+bench model has 1,200 parameters, about ten ops each for AdamW).
 
 Only the arithmetic below is skipped, and only when its target is a plain fake floating
 tensor that carries no value: FakeTensorMode keeps the value of a small constant

@@ -20,7 +20,7 @@ from inspector.graph.tensors import tensor_leaves
 from inspector.health.state import preserved, seeded
 from inspector.report import ExportTarget
 
-__all__ = ["check_target", "changed_inputs", "RTOL"]
+__all__ = ["check_target", "changed_inputs", "EagerOutputs", "RTOL"]
 
 RTOL = 1e-3  # of the largest eager value: float32 reordering stays far below it
 
@@ -38,13 +38,39 @@ def changed_inputs(ctx: Context) -> list[tuple[str, Inputs]]:
     return out
 
 
+class EagerOutputs:
+    """The eager model's float outputs per input set, run once for all targets (eval mode,
+    no grad, seeded: every target compares with the same values)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._outputs: dict[int, tuple[Inputs, list[torch.Tensor]]] = {}
+
+    def of(self, inputs: Inputs) -> list[torch.Tensor]:
+        kept = self._outputs.get(id(inputs))
+        if kept is None or kept[0] is not inputs:
+            ctx = self.ctx
+            with preserved(ctx.model), torch.no_grad():
+                ctx.model.eval()
+                seeded(ctx.options.seed)
+                kept = (inputs, _floats(inputs.call(ctx.model)))
+            self._outputs[id(inputs)] = kept
+        return kept[1]
+
+
 def check_target(
-    ctx: Context, target: ExportTarget, artifact: Any, others: list[tuple[str, Inputs]]
+    ctx: Context,
+    target: ExportTarget,
+    artifact: Any,
+    others: list[tuple[str, Inputs]],
+    eager: EagerOutputs | None = None,
 ) -> None:
-    """Fill `target.max_abs_diff`, `.checked` and `.mismatch`."""
+    """Fill `target.max_abs_diff`, `.checked` and `.mismatch`; `eager` shares the eager
+    outputs between the targets."""
     run = _runner(target.target, artifact)
     if run is None:
         return
+    eager = eager or EagerOutputs(ctx)
     cases = [("sample", ctx.inputs, run)]
     if target.target.startswith("export") and others:
         dynamic = _dynamic_export(ctx, others)
@@ -54,7 +80,7 @@ def check_target(
     worst = 0.0
     for label, inputs, call in cases:
         target.checked.append(label)
-        problem, diff = _compare(ctx, inputs, call)
+        problem, diff = _compare(ctx, inputs, call, eager)
         worst = max(worst, diff or 0.0)
         if problem and target.mismatch is None:
             target.mismatch = f"{label}: {problem}"
@@ -87,13 +113,12 @@ def _dynamic_export(ctx: Context, others: list[tuple[str, Inputs]]) -> Callable[
 
 
 def _compare(
-    ctx: Context, inputs: Inputs, call: Callable[[Inputs], Any]
+    ctx: Context, inputs: Inputs, call: Callable[[Inputs], Any], eager: EagerOutputs
 ) -> tuple[str | None, float | None]:
     """(what is wrong or None, max |exported - eager|)."""
+    expected = eager.of(inputs)
     with preserved(ctx.model), torch.no_grad():
         ctx.model.eval()
-        seeded(ctx.options.seed)
-        expected = _floats(inputs.call(ctx.model))
         try:
             seeded(ctx.options.seed)
             got = _floats(call(inputs))

@@ -51,8 +51,10 @@ def _moments(stats: NumericStats, values: torch.Tensor) -> None:
     if max(-stats.min, stats.max) >= MASK_ABS:  # mask constants would swamp mean and std
         values = values[magnitude < MASK_ABS]
     if values.numel():
-        stats.mean = values.double().mean().item()
-        stats.std = values.double().std(unbiased=False).item()
+        wide = values.double()  # one float64 copy for both moments
+        stats.mean = wide.mean().item()
+        stats.std = wide.std(unbiased=False).item()
+        del wide
         stats.bf16_error = _bf16_error(values, stats.std)
 
 

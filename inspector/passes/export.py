@@ -20,7 +20,7 @@ import torch
 
 from inspector.context import Context, Inputs
 from inspector.graph.exportcapture import Flat, flat_tensors, moving_axes
-from inspector.health.exportmatch import changed_inputs, check_target
+from inspector.health.exportmatch import EagerOutputs, changed_inputs, check_target
 from inspector.libraryoutput import library_output_captured, printed_summary
 from inspector.report import ExportTarget
 from inspector.tracebacks import user_location
@@ -116,9 +116,10 @@ def run(ctx: Context) -> None:
     ctx.report.export.targets = [
         _try(ctx, name, attempt, others, artifacts) for name, attempt in chosen
     ]
+    eager = EagerOutputs(ctx)  # one eager run per input set, whatever the targets
     for target in ctx.report.export.targets:
         if target.target in artifacts:
-            check_target(ctx, target, artifacts[target.target], others)
+            check_target(ctx, target, artifacts[target.target], others, eager)
 
 
 def _try(

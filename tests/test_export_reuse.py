@@ -1,0 +1,70 @@
+"""The export pass runs the eager model once per input set, whatever the number of
+targets it compares with it (issue #17: no pass repeats a forward it already ran)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options
+from inspector.health.exportmatch import EagerOutputs
+from inspector.passes import export
+from inspector.report import Report
+
+
+class Counted(nn.Module):
+    """Counts its eager forwards: real tensors, outside tracing (jit.trace's own check of
+    the trace calls forward once on real tensors, outside tracing, and counts too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(8, 4)
+        self.bn = nn.BatchNorm1d(4)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.jit.is_scripting():  # a scripted forward runs no Python
+            self._count(x)
+        return self.bn(self.fc(x))
+
+    @torch.jit.unused
+    def _count(self, x: torch.Tensor) -> None:
+        if type(x) is torch.Tensor and not torch.jit.is_tracing():
+            self.calls += 1
+
+
+def _ctx(model: nn.Module, export_level: str = "fast") -> Context:
+    loaded = LoadedModel(model, "python", "test_export_reuse.py")
+    inputs = Inputs((torch.randn(3, 8),), {})
+    return Context(loaded, InputFactory(), inputs, Options(export=export_level), Report())
+
+
+def test_eager_outputs_run_once_per_input_set_in_eval_mode() -> None:
+    model = Counted()
+    ctx = _ctx(model)
+    eager = EagerOutputs(ctx)
+    first = eager.of(ctx.inputs)
+    again = eager.of(ctx.inputs)
+    assert model.calls == 1
+    assert again is first
+    with torch.no_grad():  # the independent answer: an eval forward by hand
+        expected = model.eval()(ctx.inputs.args[0]).double()
+    model.train()
+    assert torch.equal(first[0], expected)
+    other = Inputs((torch.randn(5, 8),), {})  # another input set is run on its own
+    assert eager.of(other)[0].shape == (5, 4)
+    assert model.calls == 3  # the by-hand forward above counted too
+
+
+def test_export_pass_compares_three_targets_with_one_eager_run() -> None:
+    model = Counted()
+    ctx = _ctx(model)
+    export.run(ctx)
+    targets = {t.target: t for t in ctx.report.export.targets}
+    assert set(targets) == {"export-nonstrict", "torchscript-script", "torchscript-trace"}
+    assert all(t.ok and t.checked == ["sample"] and t.mismatch is None for t in targets.values())
+    # the sample has no named dims: one eager run for the three comparisons, and one
+    # from jit.trace's own check (three eager runs plus that one before)
+    assert model.calls == 2
+    assert model.training  # the pass leaves the model's mode as it found it

@@ -1,0 +1,77 @@
+"""The optimizer warm-up on fake tensors skips its in-place arithmetic and allocates the
+same state as the full step (inspector/memory/warmup.py)."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from inspector.fakevalues import new_fake_mode
+from inspector.memory.optimizer import make_optimizer, state_bytes_of
+from inspector.memory.step import warm_up
+from inspector.memory.warmup import skipped_inplace_arithmetic
+
+
+class _Seen(TorchDispatchMode):
+    """The ops that reach the kernels below it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _params() -> list[torch.nn.Parameter]:
+    return [torch.nn.Parameter(torch.empty(6, 4)), torch.nn.Parameter(torch.empty(4).bfloat16())]
+
+
+def _state(optimizer: torch.optim.Optimizer) -> list[tuple]:
+    out = []
+    for state in optimizer.state.values():
+        for key, v in sorted(state.items()):
+            out.append((key, tuple(v.shape), v.stride(), v.dtype, str(v.device)))
+    return out
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd", "momentum"])
+def test_skipped_step_allocates_the_same_state(name: str) -> None:
+    with new_fake_mode():
+        states = []
+        for skip in (False, True):
+            params = _params()
+            optimizer = make_optimizer(name, params)
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            with skipped_inplace_arithmetic() if skip else nullcontext():
+                optimizer.step()
+            states.append((_state(optimizer), state_bytes_of(optimizer)))
+    assert states[0] == states[1]
+    # adamw: 2 moments of 24 + 4 values (4 B and 2 B) and 2 float32 step scalars
+    expected = {"adamw": 2 * (24 * 4 + 4 * 2) + 2 * 4, "sgd": 0, "momentum": 24 * 4 + 4 * 2}
+    assert states[1][1] == expected[name]
+
+
+def test_warm_up_skips_the_arithmetic_but_counts_the_step() -> None:
+    with new_fake_mode():
+        params = _params()
+        optimizer = make_optimizer("adamw", params)
+        with _Seen() as seen:  # entered first: below the skipping mode warm_up enters
+            warm_up(optimizer, params)
+        steps = [optimizer.state[p]["step"].item() for p in params]
+    assert steps == [1.0, 1.0]  # the counters (constants with values) ran
+    assert "lerp_" not in seen.ops and "addcdiv_" not in seen.ops
+    assert "zeros_like" in seen.ops  # state and gradients are still allocated
+
+
+def test_real_tensors_take_the_full_step() -> None:
+    params = [torch.nn.Parameter(torch.ones(3))]
+    optimizer = torch.optim.AdamW(params, lr=0.5, weight_decay=0.1)
+    warm_up(optimizer, params)
+    # zero gradients: only the decoupled weight decay moves the weights, 1 - 0.5 * 0.1
+    assert torch.allclose(params[0].detach(), torch.full((3,), 0.95))

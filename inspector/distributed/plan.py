@@ -2,7 +2,8 @@
 
 The input the model is inspected with is one rank's batch (the per-GPU micro-batch);
 the memory pass's step at that batch is the DDP rank's step, and the FSDP rank runs the
-same step on a fake copy sharded `world_size` ways.
+same step on a fake copy sharded `world_size` ways; a TP rank runs it on the whole batch
+(every rank of a TP group sees the same batch), a 2-D rank on its TP group's batch.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from inspector.distributed.ddp import ddp_rank_memory
 from inspector.distributed.fsdp import fsdp_heaviest
 from inspector.distributed.rankmemory import RankMemory
+from inspector.distributed.tp import fsdp_tp_heaviest
 from inspector.distributed.zero import zero1_rank_memory
 from inspector.memory.analysis import Analysis
 from inspector.memory.step import unique_tensors
@@ -33,4 +35,6 @@ def rank_memory(spec: PlanSpec, model: object, a: Analysis) -> RankMemory:
         )
     if spec.strategy == "zero1":
         return zero1_rank_memory(model, a.inputs, a.opts, spec)
+    if spec.strategy in ("tp", "fsdp+tp"):
+        return fsdp_tp_heaviest(model, a.inputs, a.opts, spec)
     return fsdp_heaviest(model, a.inputs, a.opts, spec)

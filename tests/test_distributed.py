@@ -51,7 +51,14 @@ def test_plan_grammar() -> None:
     )
     assert parse_plan("ddp:4,bucket_mb=50").options == {"bucket_mb": 50}
     assert parse_plan("zero1:2").strategy == "zero1"
-    for bad in ("fsdp", "tp:2", "fsdp:0", "fsdp:x", "ddp:2,reshard=true", "fsdp:2,reshard=1"):
+    assert parse_plan("tp:4,SP").text == "tp:4,sp"
+    two_d = parse_plan("fsdp:8,checkpoint=true+tp:4,sp")
+    assert (two_d.strategy, two_d.world_size, two_d.tp_size, two_d.dp_size) == ("fsdp+tp", 32, 4, 8)
+    assert two_d.text == "fsdp:8,checkpoint=true+tp:4,sp"
+    assert two_d.family == "fsdp,checkpoint=true+tp:4,sp"  # what the GPUs search varies
+    assert two_d.with_world_size(8).text == "fsdp:2,checkpoint=true+tp:4,sp"
+    for bad in ("fsdp", "pp:2", "fsdp:0", "fsdp:x", "ddp:2,reshard=true", "fsdp:2,reshard=1",
+                "tp:2+fsdp:2", "tp:2,reshard=false", "ddp:2+tp:2"):  # fmt: skip
         with pytest.raises(OptionError):
             parse_plan(bad)
 
@@ -171,7 +178,7 @@ def test_cli_parallel(tmp_path, capsys) -> None:
         " nn.Linear(32, 8)) for _ in range(2)])\n"
         "def example_inputs():\n    return torch.randn(4, 8)\n"
     )
-    assert cli.main(["inspect", str(tmp_path / "m.py:make"), "--parallel", "tp:2"]) == 2
+    assert cli.main(["inspect", str(tmp_path / "m.py:make"), "--parallel", "pp:2"]) == 2
     out = tmp_path / "r.json"
     argv = ["inspect", str(tmp_path / "m.py:make"), "--fake", "--passes",
             "graph,memory,distributed", "--parallel", "ddp:2", "--parallel", "fsdp:2",

@@ -67,10 +67,12 @@ def test_terminal_distributed_section() -> None:
 
 def test_parallel_through_the_api(tmp_path, monkeypatch) -> None:
     with api_env("sqlite", tmp_path, monkeypatch) as env:
-        response = upload(env, data={"parallel": ["FSDP:8, reshard=false; ddp:2", "fsdp:2"]})
+        response = upload(
+            env, data={"parallel": ["FSDP:8, reshard=false; ddp:2", "fsdp:2+TP:4, sp"]}
+        )
         assert response.status_code == 201, response.text
         stored = env.job(response.json()["slug"]).options["parallel"]
-        assert stored == ["fsdp:8,reshard=false", "ddp:2", "fsdp:2"]
-        refused = upload(env, data={"parallel": "tp:2"})
+        assert stored == ["fsdp:8,reshard=false", "ddp:2", "fsdp:2+tp:4,sp"]
+        refused = upload(env, data={"parallel": "pp:2"})
         assert refused.status_code == 422
-        assert "STRATEGY one of ddp, zero1, fsdp" in refused.text
+        assert "STRATEGY one of ddp, zero1, fsdp, tp, or fsdp:N+tp:M" in refused.text

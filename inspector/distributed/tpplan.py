@@ -68,7 +68,7 @@ def tensor_parallel_plan(model: nn.Module, tp: int, sp: bool = False) -> TensorP
         raise NoTensorParallelPlan(
             f"no tensor-parallel plan for tp:{tp}: in the repeated blocks ({paths[0]}, ...) "
             + "; ".join(problems)
-            + f"; each rank must compute whole heads: choose a TP degree dividing them"
+            + "; each rank must compute whole heads: choose a TP degree dividing them"
         )
     if not styles:
         raise NoTensorParallelPlan(
@@ -190,8 +190,7 @@ def _outer_styles(model: nn.Module, sp: bool, tp: int) -> dict[str, Any]:
     """torchtitan's plan for the token embedding, the final norm and the LM head, on
     the HF names (`model.embed_tokens`, `model.norm`, `lm_head`)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-    from torch.distributed.tensor.parallel import SequenceParallel
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
     names = dict(model.named_modules())
     styles: dict[str, Any] = {}

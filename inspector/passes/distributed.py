@@ -37,7 +37,7 @@ def run(ctx: Context) -> None:
     budgets = sorted(set(ACCELERATOR_BUDGETS) | set(ctx.options.budgets_bytes))
     runs = _Runs(ctx, a)
     section.plans = [_plan(runs, s, budgets) for s in specs]
-    for spec in _strategies([s for s, p in zip(specs, section.plans) if not p.error]):
+    for spec in _strategies([s for s, p in zip(specs, section.plans, strict=True) if not p.error]):
         _gpus(runs, section, spec, budgets)
     section.seconds = round(time.perf_counter() - start, 3)
 

@@ -8,8 +8,11 @@ same step on a fake copy sharded `world_size` ways; a TP rank runs it on the who
 
 from __future__ import annotations
 
+from torch import nn
+
 from inspector.distributed.ddp import ddp_rank_memory
 from inspector.distributed.fsdp import fsdp_heaviest
+from inspector.distributed.layerscale import scaled
 from inspector.distributed.rankmemory import RankMemory
 from inspector.distributed.tp import fsdp_tp_heaviest
 from inspector.distributed.zero import zero1_rank_memory
@@ -24,8 +27,11 @@ class PlanUnavailable(RuntimeError):
     """The plan cannot be run here; the message says why."""
 
 
-def rank_memory(spec: PlanSpec, model: object, a: Analysis) -> RankMemory:
-    """The heaviest rank under `spec`, from the memory pass's analysis `a`."""
+def rank_memory(spec: PlanSpec, model: nn.Module, a: Analysis, scale: bool = True) -> RankMemory:
+    """The heaviest rank under `spec`, from the memory pass's analysis `a`. With `scale`,
+    a deep stack of identical blocks is run at two short depths and scaled to its own
+    (inspector.distributed.layerscale: exact on the tested Llama); ZeRO-1 is always run
+    whole (its partitions are greedy by size, not per block)."""
     if spec.strategy == "ddp":
         return ddp_rank_memory(a.train, unique_tensors(a.model.parameters()), spec)
     if not a.on_fake:
@@ -35,6 +41,10 @@ def rank_memory(spec: PlanSpec, model: object, a: Analysis) -> RankMemory:
         )
     if spec.strategy == "zero1":
         return zero1_rank_memory(model, a.inputs, a.opts, spec)
-    if spec.strategy in ("tp", "fsdp+tp"):
-        return fsdp_tp_heaviest(model, a.inputs, a.opts, spec)
-    return fsdp_heaviest(model, a.inputs, a.opts, spec)
+
+    def run(m: nn.Module) -> RankMemory:
+        if spec.strategy in ("tp", "fsdp+tp"):
+            return fsdp_tp_heaviest(m, a.inputs, a.opts, spec)
+        return fsdp_heaviest(m, a.inputs, a.opts, spec)
+
+    return (scale and scaled(run, model)) or run(model)

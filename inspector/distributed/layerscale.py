@@ -84,13 +84,17 @@ def scaled(
         longer = run(model)
     if (short.peak_phase, _kind(short.peak_label)) != (longer.peak_phase, _kind(longer.peak_label)):
         return None
-    values = {
-        f.name: getattr(short, f.name) + (depth - a) * (getattr(longer, f.name) - getattr(short, f.name)) // (b - a)
-        for f in fields(RankMemory)
-        if f.name in _LINEAR
-    }
-    note = (f"scaled to {depth} identical blocks ({parent}) from runs with the first {a} "
-            f"and {b}: each block adds {_gb(longer.peak_bytes - short.peak_bytes)} to the peak")  # fmt: skip
+
+    def at_depth(name: str) -> int:
+        low, high = getattr(short, name), getattr(longer, name)
+        return low + (depth - a) * (high - low) // (b - a)
+
+    values = {f.name: at_depth(f.name) for f in fields(RankMemory) if f.name in _LINEAR}
+    per_block = _gb((longer.peak_bytes - short.peak_bytes) // (b - a))
+    note = (
+        f"scaled to {depth} identical blocks ({parent}) from runs with the first {a} "
+        f"and {b}: each block adds {per_block} to the peak"
+    )
     out = replace(longer, **values, notes=[*longer.notes, note])
     out.units = longer.units + (depth - b) * (longer.units - short.units) // (b - a)
     out.peak_label = _at_depth(longer.peak_label, parent, b, depth)

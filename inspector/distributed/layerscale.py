@@ -32,15 +32,15 @@ _LINEAR = ("peak_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
 
 
 def identical_blocks(model: nn.Module) -> tuple[str, int] | None:
-    """(path of the ModuleList, count) when the model's blocks are all the members of one
-    ModuleList and identical in type, parameter names, shapes and dtypes."""
+    """(path of the container, count) when the model's blocks are all the members of one
+    ModuleList or Sequential and identical in type, parameter names, shapes and dtypes."""
     paths = shard_units(model)
     parents = {p.rpartition(".")[0] for p in paths}
     if len(paths) < 2 or len(parents) != 1:
         return None
     parent = parents.pop()
     container = model.get_submodule(parent) if parent else model
-    if not isinstance(container, nn.ModuleList) or len(container) != len(paths):
+    if not isinstance(container, nn.ModuleList | nn.Sequential) or len(container) != len(paths):
         return None
     first = _signature(container[0])
     if any(_signature(block) != first for block in container):

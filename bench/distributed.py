@@ -1,5 +1,5 @@
 """Per-rank training memory, predicted from one process vs measured under torchrun (CPU,
-gloo), for DDP, ZeRO-1, FSDP2, tensor parallel and FSDP x TP; torch's FSDPMemTracker on the
+gloo), for DDP, ZeRO-1, ZeRO-2, FSDP2, tensor parallel and FSDP x TP; torch's FSDPMemTracker on the
 same model for comparison (FSDP on the MLP).
 
     .venv/bin/python bench/distributed.py                      # mlp, ddp + fsdp, 2 ranks, 3 runs
@@ -72,8 +72,9 @@ def make_model(name: str) -> nn.Module:
     """`mlp` (the issue's) or `llama`: a small Llama built from LLAMA in code, no hub."""
     if name == "mlp":
         return make_mlp()
-    import inspector.compat  # noqa: F401 - transformers imports beside this torchvision
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    import inspector.compat  # noqa: F401 - transformers imports beside this torchvision
 
     return LlamaForCausalLM(LlamaConfig(**LLAMA))
 
@@ -92,6 +93,8 @@ def model_inputs(name: str) -> tuple[tuple, dict]:
 def _wrap(model: nn.Module, spec: Any) -> nn.Module:
     import torch.distributed as dist
 
+    if spec.strategy == "zero2":  # no wrapper: its optimizer reduces the gradients
+        return model
     if spec.strategy in ("ddp", "zero1"):
         cap = int(spec.options.get("bucket_mb", 25))
         # init_sync=False: every rank built the same weights (same seed); rank 0's
@@ -134,6 +137,10 @@ def _tensor_parallel(model: nn.Module, spec: Any) -> nn.Module:
 
 
 def _optimizer(model: nn.Module, spec: Any) -> Any:
+    if spec.strategy == "zero2":
+        from inspector.distributed.zero2 import Zero2
+
+        return Zero2(list(model.parameters()), lambda ps: torch.optim.AdamW(ps, lr=1e-3))
     if spec.strategy == "zero1":
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -240,12 +247,12 @@ def predict(plan: str, model_name: str = "mlp") -> dict[str, Any]:
     from inspector.context import Inputs
     from inspector.distributed.ddp import ddp_rank_memory
     from inspector.distributed.fsdp import fsdp_heaviest
+    from inspector.distributed.tp import fsdp_tp_heaviest
     from inspector.distributed.zero import zero1_rank_memory
+    from inspector.distributed.zero2 import zero2_rank_memory
     from inspector.memory.shadow import fake_inputs, fake_shadow, new_fake_mode
     from inspector.memory.step import StepOptions, train_step, unique_tensors
     from inspector.schema.parallel import parse_plan
-
-    from inspector.distributed.tp import fsdp_tp_heaviest
 
     spec = parse_plan(plan)
     mode = new_fake_mode()
@@ -262,6 +269,9 @@ def predict(plan: str, model_name: str = "mlp") -> dict[str, Any]:
         tracker = None
     elif spec.strategy == "zero1":
         ours = zero1_rank_memory(model, inputs, opts, spec)
+        tracker = None
+    elif spec.strategy == "zero2":
+        ours = zero2_rank_memory(model, inputs, opts, spec)
         tracker = None
     elif spec.strategy in ("tp", "fsdp+tp"):
         ours = fsdp_tp_heaviest(model, inputs, opts, spec)

@@ -16,6 +16,7 @@ from inspector.distributed.layerscale import scaled
 from inspector.distributed.rankmemory import RankMemory
 from inspector.distributed.tp import fsdp_tp_heaviest
 from inspector.distributed.zero import zero1_rank_memory
+from inspector.distributed.zero2 import zero2_rank_memory
 from inspector.memory.analysis import Analysis
 from inspector.memory.step import unique_tensors
 from inspector.schema.parallel import PlanSpec
@@ -30,8 +31,8 @@ class PlanUnavailable(RuntimeError):
 def rank_memory(spec: PlanSpec, model: nn.Module, a: Analysis, scale: bool = True) -> RankMemory:
     """The heaviest rank under `spec`, from the memory pass's analysis `a`. With `scale`,
     a deep stack of identical blocks is run at two short depths and scaled to its own
-    (inspector.distributed.layerscale: exact on the tested Llama); ZeRO-1 is always run
-    whole (its partitions are greedy by size, not per block)."""
+    (inspector.distributed.layerscale: exact on the tested Llama); ZeRO-1 and ZeRO-2
+    are always run whole (ZeRO-1's partitions are greedy by size, not per block)."""
     if spec.strategy == "ddp":
         return ddp_rank_memory(a.train, unique_tensors(a.model.parameters()), spec)
     if not a.on_fake:
@@ -41,6 +42,8 @@ def rank_memory(spec: PlanSpec, model: nn.Module, a: Analysis, scale: bool = Tru
         )
     if spec.strategy == "zero1":
         return zero1_rank_memory(model, a.inputs, a.opts, spec)
+    if spec.strategy == "zero2":
+        return zero2_rank_memory(model, a.inputs, a.opts, spec)
 
     def run(m: nn.Module) -> RankMemory:
         if spec.strategy in ("tp", "fsdp+tp"):

@@ -4,6 +4,7 @@ form and the API read a plan spec the same way.
     ddp:4                          DistributedDataParallel on 4 ranks (bucket_cap_mb=25)
     ddp:4,bucket_mb=50             larger gradient buckets
     zero1:4                        DDP + ZeroRedundancyOptimizer: optimizer state sharded
+    zero2:4                        ... and gradients, reduce-scattered as autograd makes them
     fsdp:8                         FSDP2: fully_shard per repeated block + root
     fsdp:8,reshard=false           keep the gathered parameters from forward to backward
     fsdp:8,param_dtype=bf16        MixedPrecisionPolicy(param_dtype=bf16), grads reduced in it
@@ -21,7 +22,7 @@ from inspector.schema.options import OptionError
 
 __all__ = ["STRATEGIES", "PlanSpec", "parse_plan", "MAX_WORLD_SIZE", "DEFAULT_BUCKET_MB"]
 
-STRATEGIES = ("ddp", "zero1", "fsdp", "tp", "fsdp+tp")
+STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "tp", "fsdp+tp")
 MAX_WORLD_SIZE = 65536
 DEFAULT_BUCKET_MB = 25  # DistributedDataParallel(bucket_cap_mb=25)
 _PARAM_DTYPES = {"float32": "float32", "fp32": "float32", "bf16": "bf16", "bfloat16": "bf16",
@@ -29,6 +30,7 @@ _PARAM_DTYPES = {"float32": "float32", "fp32": "float32", "bf16": "bf16", "bfloa
 _KEYS = {
     "ddp": ("bucket_mb",),
     "zero1": ("bucket_mb",),
+    "zero2": (),
     "fsdp": ("reshard", "param_dtype", "checkpoint"),
     "tp": ("sp", "checkpoint"),
 }

@@ -364,7 +364,8 @@ def table(results: list[dict[str, Any]]) -> str:
         fmt = r.get("fsdp_mem_tracker")
         fmt_err = f"{r['fsdp_mem_tracker_error']:+.1%}" if fmt else "-"
         lines.append(
-            f"| `{r['plan']}` {r.get('model', 'mlp')} | {t} | {a} | {_mb(r['measured_max'])} ({r['truth']}) | "
+            f"| `{r['plan']}` {r.get('model', 'mlp')} | {t} | {a} | "
+            f"{_mb(r['measured_max'])} ({r['truth']}) | "
             f"{_mb(r['ours'])} | {r['ours_error']:+.1%} | {_mb(fmt)} | {fmt_err} |"
         )
     return "\n".join(lines)

@@ -167,6 +167,13 @@ def test_fewest_gpus_are_run_not_only_drawn() -> None:
 
     got = fewest_gpus(bumped, [2000], sharded=True)
     assert (got[0].gpus, got[0].per_rank_peak_bytes) == (65, 1000 + 64_000 // 65)
+    def drifting(n: int) -> int:  # what does not shard grows by 3 B a rank
+        return 1000 + 64_000 // n + 3 * n
+
+    # the line through 8 (9,024) and 64 (2,192) guesses 80; 80-83 do not fit (83: 2,020);
+    # doubling to 166 fits (1,883), bisecting finds 87 (1,996; 86: 2,002)
+    got = fewest_gpus(drifting, [2000], sharded=True)
+    assert (got[0].gpus, got[0].per_rank_peak_bytes) == (87, 1996)
     flat = fewest_gpus(lambda n: 1500, [1000, 2000], sharded=False)
     assert [c.gpus for c in flat] == [None, 1]
 

@@ -64,7 +64,21 @@ def _smallest(peak: Callable[[int], int], budget: int, fixed: float, sharded: fl
                 n -= 1
             return GpuCount(budget, n, peak(n))
         n += 1
-    return GpuCount(budget, None, None)
+    return _doubling(peak, budget, n - 1)
+
+
+def _doubling(peak: Callable[[int], int], budget: int, over: int) -> GpuCount:
+    """The line promised too much (what does not shard grows with N, e.g. a gathered
+    unit's padding): double from `over` (too few) until a size fits, then bisect."""
+    n = over
+    while peak(n) > budget:
+        if n >= MAX_WORLD_SIZE:
+            return GpuCount(budget, None, None)
+        over, n = n, min(2 * n, MAX_WORLD_SIZE)
+    while n - over > 1:
+        mid = (n + over) // 2
+        over, n = (over, mid) if peak(mid) <= budget else (mid, n)
+    return GpuCount(budget, n, peak(n))
 
 
 def fewest_tp(

@@ -372,9 +372,13 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def gpus_needed(preset: str, plan: str, budgets: list[int], dims: dict[str, int]) -> dict:
-    """The fewest GPUs for `plan` (its world size ignored) on a preset, with the time."""
+    """The fewest GPUs for `plan` (its data-parallel degree varied; a 2-D plan keeps its
+    TP degree) on a preset, as the report's table is made: each world size's heaviest
+    rank from runs of the first 3 and 4 decoder layers, scaled to all of them."""
     from inspector.distributed.fsdp import fsdp_heaviest
     from inspector.distributed.gpus import fewest_gpus
+    from inspector.distributed.layerscale import scaled
+    from inspector.distributed.tp import fsdp_tp_heaviest
     from inspector.loaders.presets import load_preset
     from inspector.memory.shadow import fake_inputs, new_fake_mode
     from inspector.memory.step import StepOptions
@@ -386,15 +390,23 @@ def gpus_needed(preset: str, plan: str, budgets: list[int], dims: dict[str, int]
     with mode:
         inputs = fake_inputs(loaded.inputs.build(dims), mode)
     spec, opts, runs = parse_plan(plan), StepOptions(fake_mode=mode), []
+    group = spec.tp_size if spec.strategy == "fsdp+tp" else 1
 
     def peak_at(n: int) -> int:
-        runs.append(n)
-        return fsdp_heaviest(loaded.model, inputs, opts, spec.with_world_size(n)).peak_bytes
+        runs.append(n * group)
+        at = spec.with_world_size(n * group)
+        heaviest = fsdp_heaviest if at.strategy == "fsdp" else fsdp_tp_heaviest
+
+        def run(model: nn.Module) -> Any:
+            return heaviest(model, inputs, opts, at)
+
+        return (scaled(run, loaded.model) or run(loaded.model)).peak_bytes
 
     counts = fewest_gpus(peak_at, budgets, sharded=True)
     return {
-        "preset": preset, "plan": spec.text, "dims": dims, "runs": runs,
-        "gpus": {c.budget_bytes: (c.gpus, c.per_rank_peak_bytes) for c in counts},
+        "preset": preset, "plan": spec.family, "dims": dims, "runs": runs,
+        "gpus": {c.budget_bytes: (c.gpus and c.gpus * group, c.per_rank_peak_bytes)
+                 for c in counts},
         "wall_s": round(time.perf_counter() - start, 1),
         "cpu_s": round(time.process_time() - cpu, 1),
     }  # fmt: skip

@@ -212,3 +212,21 @@ def test_distinct_ranks_match_every_rank_looked_at() -> None:
             sizes = tuple(max(0, min(-(-r // n), r - rank * -(-r // n))) for r in rows)
             kinds.setdefault(sizes, rank)
         assert distinct_ranks(model, n) == sorted(kinds.values()), n
+
+
+def test_zero2_shards_gradients_and_state(fake) -> None:
+    from inspector.distributed.zero2 import zero2_rank_memory
+
+    model, inputs, opts = fake
+    m = zero2_rank_memory(model, inputs, opts, parse_plan("zero2:2"))
+    assert m.param_bytes == MODEL_BYTES  # every rank holds all the parameters
+    assert m.grad_bytes == MODEL_BYTES // 2  # its half of every flat gradient
+    assert m.optimizer_bytes == 2 * MODEL_BYTES // 2 + ADAM_STEPS
+    # the largest reduce-scatter: a 1024 x 256 weight's gradient (1,048,576 B) + its half
+    assert m.comm_bytes == 1_048_576 + 524_288
+    zero1 = zero1_rank_memory(model, inputs, opts, parse_plan("zero1:2"))
+    assert m.peak_bytes < zero1.peak_bytes  # no full gradients, no DDP buckets
+    # 3 ranks: chunks of ceil(numel / 3), rank 0's all full: 262,144 -> 87,382 of a weight
+    three = zero2_rank_memory(model, inputs, opts, parse_plan("zero2:3"))
+    chunks = 4 * (2 * -(-262_144 // 3) + -(-1024 // 3) + -(-256 // 3))
+    assert three.grad_bytes == chunks * 4

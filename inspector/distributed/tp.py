@@ -31,7 +31,7 @@ from inspector.distributed.rankmemory import RankMemory
 from inspector.distributed.rankstep import tracked_step
 from inspector.distributed.shardtracker import local
 from inspector.distributed.tpplan import tensor_parallel_plan
-from inspector.distributed.world import WorldBusy
+from inspector.distributed.world import WorldBusy, forget_world
 from inspector.memory.checkpointing import checkpointed
 from inspector.memory.optimizer import make_optimizer
 from inspector.memory.shadow import fake_shadow
@@ -54,7 +54,7 @@ def fake_mesh_2d(dp: int, tp: int, rank: int = 0) -> Iterator[Any]:
     try:
         yield init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
     finally:
-        dist.destroy_process_group()
+        forget_world()
 
 
 def tp_rank_memory(

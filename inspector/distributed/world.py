@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["fake_world", "WorldBusy"]
+__all__ = ["fake_world", "forget_world", "WorldBusy"]
 
 
 class WorldBusy(RuntimeError):
@@ -32,4 +32,14 @@ def fake_world(world_size: int, rank: int = 0) -> Iterator[Any]:
     try:
         yield init_device_mesh("cpu", (world_size,))
     finally:
-        dist.destroy_process_group()
+        forget_world()
+
+
+def forget_world() -> None:
+    """End the fake world, and drop DTensor's cached sharding decisions with it: their
+    specs hold that world's meshes, whose process groups are gone (a later world of
+    another size failed on one: "Could not resolve the process group")."""
+    from torch.distributed.tensor import DTensor
+
+    dist.destroy_process_group()
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()

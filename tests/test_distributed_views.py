@@ -75,4 +75,4 @@ def test_parallel_through_the_api(tmp_path, monkeypatch) -> None:
         assert stored == ["fsdp:8,reshard=false", "ddp:2", "fsdp:2+tp:4,sp"]
         refused = upload(env, data={"parallel": "pp:2"})
         assert refused.status_code == 422
-        assert "STRATEGY one of ddp, zero1, fsdp, tp, or fsdp:N+tp:M" in refused.text
+        assert "STRATEGY one of ddp, zero1, zero2, fsdp, tp, or fsdp:N+tp:M" in refused.text

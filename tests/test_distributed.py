@@ -167,6 +167,7 @@ def test_fewest_gpus_are_run_not_only_drawn() -> None:
 
     got = fewest_gpus(bumped, [2000], sharded=True)
     assert (got[0].gpus, got[0].per_rank_peak_bytes) == (65, 1000 + 64_000 // 65)
+
     def drifting(n: int) -> int:  # what does not shard grows by 3 B a rank
         return 1000 + 64_000 // n + 3 * n
 

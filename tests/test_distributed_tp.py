@@ -88,3 +88,17 @@ def test_llama_sequence_parallel_and_refusals() -> None:
         tensor_parallel_plan(llama, 3)
     with pytest.raises(NoTensorParallelPlan, match="HF causal LM"):
         tensor_parallel_plan(mlp(), 2, sp=True)
+
+
+def test_a_world_after_another_rank_of_the_same_shape() -> None:
+    # DTensor caches (C++ and Python) are keyed by meshes, equal across worlds of one
+    # shape: run as rank 4 and then rank 0 of fsdp:3+tp:2, the second run resolved rank
+    # 4's TP group until each world's end cleared them
+    mode = new_fake_mode()
+    ids = torch.randint(0, 512, (2, 64))
+    inputs = fake_inputs(Inputs(kwargs={"input_ids": ids}), mode)
+    opts, llama, spec = StepOptions(fake_mode=mode), small_llama(), parse_plan("fsdp:3+tp:2")
+    later = tp_rank_memory(llama, inputs, opts, spec, rank=4)
+    first = tp_rank_memory(llama, inputs, opts, spec, rank=0)
+    # rank 4 (FSDP index 2) holds the short chunks: 128 rows -> 43, 43, 42
+    assert first.optimizer_bytes > later.optimizer_bytes

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 __all__ = ["fake_world", "forget_world", "WorldBusy"]
@@ -36,10 +37,14 @@ def fake_world(world_size: int, rank: int = 0) -> Iterator[Any]:
 
 
 def forget_world() -> None:
-    """End the fake world, and drop DTensor's cached sharding decisions with it: their
-    specs hold that world's meshes, whose process groups are gone (a later world of
-    another size failed on one: "Could not resolve the process group")."""
-    from torch.distributed.tensor import DTensor
+    """End the fake world, and drop DTensor's caches with it: they are keyed by meshes,
+    which compare equal across worlds of one shape, and hold that world's meshes, whose
+    process groups are gone (a 2-D world as rank 0 after one as rank 4 failed with
+    "Could not resolve the process group registered under the name 5")."""
+    from torch.distributed.tensor import DTensor, _redistribute
 
     dist.destroy_process_group()
     DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()
+    _redistribute.clear_redistribute_planner_cache()
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch's own

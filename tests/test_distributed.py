@@ -175,6 +175,13 @@ def test_fewest_gpus_are_run_not_only_drawn() -> None:
     # doubling to 166 fits (1,883), bisecting finds 87 (1,996; 86: 2,002)
     got = fewest_gpus(drifting, [2000], sharded=True)
     assert (got[0].gpus, got[0].per_rank_peak_bytes) == (87, 1996)
+
+    def growing(n: int) -> int:  # a dim-0 shard of 8 rows: past 8 ranks only padding
+        return 1000 + 8_000 // min(n, 8) + 100 * max(0, n - 8)
+
+    # the line through 8 (2,000) and 64 (7,600) rises: 8 ranks fit 2,000, 7 (2,142) not
+    got = fewest_gpus(growing, [2000, 1500], sharded=True)
+    assert [c.gpus for c in got] == [8, None]
     flat = fewest_gpus(lambda n: 1500, [1000, 2000], sharded=False)
     assert [c.gpus for c in flat] == [None, 1]
 

@@ -51,7 +51,18 @@ def fewest_gpus(
     lo, hi = line
     per_rank = (peak(lo) - peak(hi)) / (1 / lo - 1 / hi)  # sharded bytes, all ranks
     fixed = peak(hi) - per_rank / hi
+    if per_rank <= 0:  # more ranks do not help (e.g. 8 experts on dim 0 of 64 ranks)
+        return [_fewer_than(peak, b, lo) for b in budgets]
     return [_smallest(peak, b, fixed, per_rank) for b in budgets]
+
+
+def _fewer_than(peak: Callable[[int], int], budget: int, n: int) -> GpuCount:
+    """The heaviest rank grows past `n` ranks: the answer is at most n, or none."""
+    if peak(n) > budget:
+        return GpuCount(budget, None, None)
+    while n > 1 and peak(n - 1) <= budget:
+        n -= 1
+    return GpuCount(budget, n, peak(n))
 
 
 def _smallest(peak: Callable[[int], int], budget: int, fixed: float, sharded: float) -> GpuCount:

@@ -1,12 +1,16 @@
 """Per-rank training memory, predicted from one process vs measured under torchrun (CPU,
-gloo), for DDP, ZeRO-1 and FSDP2; torch's FSDPMemTracker on the same model for comparison.
+gloo), for DDP, ZeRO-1, ZeRO-2, FSDP2, tensor parallel and FSDP x TP; torch's FSDPMemTracker on the
+same model for comparison (FSDP on the MLP).
 
     .venv/bin/python bench/distributed.py                      # mlp, ddp + fsdp, 2 ranks, 3 runs
     .venv/bin/python bench/distributed.py --nproc 4 --runs 5
     .venv/bin/python bench/distributed.py --plans zero1 fsdp,reshard=false --json out.json
+    .venv/bin/python bench/distributed.py --model llama --plans tp tp,sp --runs 2
+    .venv/bin/python bench/distributed.py --nproc 4 --plans fsdp:2+tp:2 --runs 2
 
 Each run is a fresh `torchrun --standalone` of this file in `--worker` mode: every rank
-builds the model, wraps it (DDP, or `fully_shard` per block + root), and runs STEPS
+builds the model, wraps it (DDP, `fully_shard` per block + root, `parallelize_module` with
+the derived TP plan, or both on a 2-D mesh), and runs STEPS
 training steps (forward, loss, backward, AdamW step, zero_grad(set_to_none=True)); the
 steps after the first two (optimizer state allocated, DDP buckets rebuilt) are steady
 state. Each rank's peak of each steady step, by two instruments:
@@ -16,7 +20,8 @@ state. Each rank's peak of each steady step, by two instruments:
   stale block).
 - tensors: every storage the step's ops create (a TorchDispatchMode on the main thread),
   freed when its weak reference dies, on whichever thread; FSDP2's storage resizes. Blind
-  to allocations that are no aten op on the main thread (DDP's C++ buckets): FSDP only.
+  to allocations that are no aten op on the main thread (DDP's C++ buckets): the truth
+  for FSDP and TP.
 """
 
 from __future__ import annotations
@@ -53,8 +58,33 @@ def mlp_input() -> torch.Tensor:
     return torch.randn(BATCH, 256)
 
 
-def loss_of(out: torch.Tensor) -> torch.Tensor:
-    return out.sum()
+def loss_of(out: Any) -> torch.Tensor:
+    return out.loss if hasattr(out, "loss") else out.sum()
+
+
+LLAMA = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
+         "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 4096,
+         "tie_word_embeddings": False}  # fmt: skip
+LLAMA_BATCH, LLAMA_SEQ = 4, 128
+
+
+def make_model(name: str) -> nn.Module:
+    """`mlp` (the issue's) or `llama`: a small Llama built from LLAMA in code, no hub."""
+    if name == "mlp":
+        return make_mlp()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import inspector.compat  # noqa: F401 - transformers imports beside this torchvision
+
+    return LlamaForCausalLM(LlamaConfig(**LLAMA))
+
+
+def model_inputs(name: str) -> tuple[tuple, dict]:
+    """(args, kwargs) of one rank's batch."""
+    if name == "mlp":
+        return (mlp_input(),), {}
+    ids = torch.randint(0, LLAMA["vocab_size"], (LLAMA_BATCH, LLAMA_SEQ))
+    return (), {"input_ids": ids, "labels": ids}
 
 
 # -- the worker: one rank under torchrun ------------------------------------------------
@@ -63,6 +93,8 @@ def loss_of(out: torch.Tensor) -> torch.Tensor:
 def _wrap(model: nn.Module, spec: Any) -> nn.Module:
     import torch.distributed as dist
 
+    if spec.strategy == "zero2":  # no wrapper: its optimizer reduces the gradients
+        return model
     if spec.strategy in ("ddp", "zero1"):
         cap = int(spec.options.get("bucket_mb", 25))
         # init_sync=False: every rank built the same weights (same seed); rank 0's
@@ -72,6 +104,8 @@ def _wrap(model: nn.Module, spec: Any) -> nn.Module:
 
     from inspector.distributed.fsdp import shard_model
 
+    if spec.strategy in ("tp", "fsdp+tp"):
+        return _tensor_parallel(model, spec)
     paths = shard_model(model, init_device_mesh("cpu", (dist.get_world_size(),)), spec)
     if spec.options.get("checkpoint"):
         from inspector.memory.checkpointing import checkpointed
@@ -80,7 +114,33 @@ def _wrap(model: nn.Module, spec: Any) -> nn.Module:
     return model
 
 
+def _tensor_parallel(model: nn.Module, spec: Any) -> nn.Module:
+    """torch's parallelize_module with the plan the inspector derives, then (2-D)
+    fully_shard on the mesh's dp dim, as torchtitan does."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from inspector.distributed.fsdp import shard_model, shard_units
+    from inspector.distributed.tpplan import tensor_parallel_plan
+
+    mesh = init_device_mesh("cpu", (spec.dp_size, spec.tp_size), mesh_dim_names=("dp", "tp"))
+    plan = tensor_parallel_plan(model, spec.tp_size, bool(spec.options.get("sp")))
+    parallelize_module(model, mesh["tp"], plan.styles)
+    paths = shard_units(model)
+    if spec.strategy == "fsdp+tp":
+        paths = shard_model(model, mesh["dp"], spec)
+    if spec.options.get("checkpoint"):
+        from inspector.memory.checkpointing import checkpointed
+
+        checkpointed(model, paths).__enter__()  # for the process's life: never undone
+    return model
+
+
 def _optimizer(model: nn.Module, spec: Any) -> Any:
+    if spec.strategy == "zero2":
+        from inspector.distributed.zero2 import Zero2
+
+        return Zero2(list(model.parameters()), lambda ps: torch.optim.AdamW(ps, lr=1e-3))
     if spec.strategy == "zero1":
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -90,27 +150,27 @@ def _optimizer(model: nn.Module, spec: Any) -> Any:
     return torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
-def _step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor) -> None:
-    loss = loss_of(model(x))
+def _step(model: nn.Module, optimizer: torch.optim.Optimizer, x: tuple[tuple, dict]) -> None:
+    loss = loss_of(model(*x[0], **x[1]))
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
-def _tensor_peak(model: nn.Module, optimizer: Any, x: torch.Tensor) -> int:
+def _tensor_peak(model: nn.Module, optimizer: Any, x: tuple[tuple, dict]) -> int:
     from inspector.distributed.shardtracker import ShardTracker, local, storage_resizes
 
     tracker = ShardTracker()
     tracker.add_all([local(t) for t in [*model.parameters(), *model.buffers()]], "static")
     for state in optimizer.state.values():
         tracker.add_all([local(v) for v in state.values()], "static")
-    tracker.add(x, "input")
+    tracker.add_all(x, "input")
     with tracker, storage_resizes(tracker):
         _step(model, optimizer, x)
     return tracker.peak
 
 
-def worker(plan: str, out: str) -> None:
+def worker(plan: str, out: str, model_name: str = "mlp") -> None:
     import torch.distributed as dist
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -122,12 +182,12 @@ def worker(plan: str, out: str) -> None:
     torch.manual_seed(0)
     tensors: list[int] = []
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        model = _wrap(make_mlp(), spec)
+        model = _wrap(make_model(model_name), spec)
         optimizer = _optimizer(model, spec)
-        x = mlp_input()
+        x = model_inputs(model_name)
         for i in range(STEPS):
             with record_function(f"bench.step{i}"):
-                if i < WARM or spec.strategy != "fsdp":
+                if i < WARM or spec.strategy in ("ddp", "zero1"):
                     _step(model, optimizer, x)
                 else:
                     tensors.append(_tensor_peak(model, optimizer, x))
@@ -163,7 +223,9 @@ def _allocator_peak(allocs: list[tuple[int, int, int]], start: int, end: int) ->
 # -- the driver -------------------------------------------------------------------------
 
 
-def measure(plan: str, nproc: int, runs: int, timeout_s: int = 300) -> list[dict[str, Any]]:
+def measure(
+    plan: str, nproc: int, runs: int, timeout_s: int = 300, model: str = "mlp"
+) -> list[dict[str, Any]]:
     """Per run, per rank: the steady steps' peaks by each instrument."""
     out: list[dict[str, Any]] = []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -171,7 +233,7 @@ def measure(plan: str, nproc: int, runs: int, timeout_s: int = 300) -> list[dict
         with tempfile.TemporaryDirectory() as tmp:
             cmd = [
                 sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc-per-node={nproc}", __file__, "--worker", plan, tmp,
+                f"--nproc-per-node={nproc}", __file__, "--worker", plan, tmp, model,
             ]  # fmt: skip
             subprocess.run(cmd, env=env, check=True, timeout=timeout_s, capture_output=True)
             for rank in range(nproc):
@@ -180,20 +242,23 @@ def measure(plan: str, nproc: int, runs: int, timeout_s: int = 300) -> list[dict
     return out
 
 
-def predict(plan: str) -> dict[str, Any]:
+def predict(plan: str, model_name: str = "mlp") -> dict[str, Any]:
     """Our heaviest rank, and FSDPMemTracker's peak (FSDP), on fake tensors."""
     from inspector.context import Inputs
     from inspector.distributed.ddp import ddp_rank_memory
     from inspector.distributed.fsdp import fsdp_heaviest
+    from inspector.distributed.tp import fsdp_tp_heaviest
     from inspector.distributed.zero import zero1_rank_memory
+    from inspector.distributed.zero2 import zero2_rank_memory
     from inspector.memory.shadow import fake_inputs, fake_shadow, new_fake_mode
     from inspector.memory.step import StepOptions, train_step, unique_tensors
     from inspector.schema.parallel import parse_plan
 
     spec = parse_plan(plan)
     mode = new_fake_mode()
-    model = make_mlp()
-    inputs = fake_inputs(Inputs(args=(mlp_input(),)), mode)
+    model = make_model(model_name)
+    args, kwargs = model_inputs(model_name)
+    inputs = fake_inputs(Inputs(args=args, kwargs=kwargs), mode)
     opts = StepOptions(fake_mode=mode, loss_fn=lambda out, _: loss_of(out))
     start = time.perf_counter()
     if spec.strategy == "ddp":
@@ -204,6 +269,15 @@ def predict(plan: str) -> dict[str, Any]:
         tracker = None
     elif spec.strategy == "zero1":
         ours = zero1_rank_memory(model, inputs, opts, spec)
+        tracker = None
+    elif spec.strategy == "zero2":
+        ours = zero2_rank_memory(model, inputs, opts, spec)
+        tracker = None
+    elif spec.strategy in ("tp", "fsdp+tp"):
+        ours = fsdp_tp_heaviest(model, inputs, opts, spec)
+        tracker = None
+    elif model_name != "mlp":
+        ours = fsdp_heaviest(model, inputs, opts, spec)
         tracker = None
     else:
         ours = fsdp_heaviest(model, inputs, opts, spec)
@@ -231,9 +305,9 @@ def fsdp_mem_tracker_peak(spec: Any) -> int:
 
             checkpointed(model, paths).__enter__()  # a model of this call only
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        x = mlp_input()
+        x = ((mlp_input(),), {})
         tracker = FSDPMemTracker(model, optimizer)
-        tracker.track_inputs((x,))
+        tracker.track_inputs(x[0])
         with tracker:
             for i in range(2):
                 _step(model, optimizer, x)
@@ -242,16 +316,17 @@ def fsdp_mem_tracker_peak(spec: Any) -> int:
         return int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
 
 
-def compare(plan: str, nproc: int, runs: int) -> dict[str, Any]:
+def compare(plan: str, nproc: int, runs: int, model: str = "mlp") -> dict[str, Any]:
     from inspector.schema.parallel import parse_plan
 
     spec = parse_plan(plan)
-    rows = measure(spec.text, nproc, runs)
-    truth = "tensors" if spec.strategy == "fsdp" else "allocator"
-    pred = predict(spec.text)
+    rows = measure(spec.text, nproc, runs, model=model)
+    truth = "allocator" if spec.strategy in ("ddp", "zero1") else "tensors"
+    pred = predict(spec.text, model)
     largest = max(max(r[truth]) for r in rows)
     result = {
-        "plan": spec.text, "runs": runs, "truth": truth, "measured_max": largest,
+        "plan": spec.text, "model": model, "runs": runs, "truth": truth,
+        "measured_max": largest,
         "per_rank": {
             str(rank): {
                 inst: [min(v for r in rows if r["rank"] == rank for v in r[inst] or [0]),
@@ -289,16 +364,21 @@ def table(results: list[dict[str, Any]]) -> str:
         fmt = r.get("fsdp_mem_tracker")
         fmt_err = f"{r['fsdp_mem_tracker_error']:+.1%}" if fmt else "-"
         lines.append(
-            f"| `{r['plan']}` | {t} | {a} | {_mb(r['measured_max'])} ({r['truth']}) | "
+            f"| `{r['plan']}` {r.get('model', 'mlp')} | {t} | {a} | "
+            f"{_mb(r['measured_max'])} ({r['truth']}) | "
             f"{_mb(r['ours'])} | {r['ours_error']:+.1%} | {_mb(fmt)} | {fmt_err} |"
         )
     return "\n".join(lines)
 
 
 def gpus_needed(preset: str, plan: str, budgets: list[int], dims: dict[str, int]) -> dict:
-    """The fewest GPUs for `plan` (its world size ignored) on a preset, with the time."""
+    """The fewest GPUs for `plan` (its data-parallel degree varied; a 2-D plan keeps its
+    TP degree) on a preset, as the report's table is made: each world size's heaviest
+    rank from runs of the first 3 and 4 decoder layers, scaled to all of them."""
     from inspector.distributed.fsdp import fsdp_heaviest
     from inspector.distributed.gpus import fewest_gpus
+    from inspector.distributed.layerscale import scaled
+    from inspector.distributed.tp import fsdp_tp_heaviest
     from inspector.loaders.presets import load_preset
     from inspector.memory.shadow import fake_inputs, new_fake_mode
     from inspector.memory.step import StepOptions
@@ -310,15 +390,23 @@ def gpus_needed(preset: str, plan: str, budgets: list[int], dims: dict[str, int]
     with mode:
         inputs = fake_inputs(loaded.inputs.build(dims), mode)
     spec, opts, runs = parse_plan(plan), StepOptions(fake_mode=mode), []
+    group = spec.tp_size if spec.strategy == "fsdp+tp" else 1
 
     def peak_at(n: int) -> int:
-        runs.append(n)
-        return fsdp_heaviest(loaded.model, inputs, opts, spec.with_world_size(n)).peak_bytes
+        runs.append(n * group)
+        at = spec.with_world_size(n * group)
+        heaviest = fsdp_heaviest if at.strategy == "fsdp" else fsdp_tp_heaviest
+
+        def run(model: nn.Module) -> Any:
+            return heaviest(model, inputs, opts, at)
+
+        return (scaled(run, loaded.model) or run(loaded.model)).peak_bytes
 
     counts = fewest_gpus(peak_at, budgets, sharded=True)
     return {
-        "preset": preset, "plan": spec.text, "dims": dims, "runs": runs,
-        "gpus": {c.budget_bytes: (c.gpus, c.per_rank_peak_bytes) for c in counts},
+        "preset": preset, "plan": spec.family, "dims": dims, "runs": runs,
+        "gpus": {c.budget_bytes: (c.gpus and c.gpus * group, c.per_rank_peak_bytes)
+                 for c in counts},
         "wall_s": round(time.perf_counter() - start, 1),
         "cpu_s": round(time.process_time() - cpu, 1),
     }  # fmt: skip
@@ -326,7 +414,8 @@ def gpus_needed(preset: str, plan: str, budgets: list[int], dims: dict[str, int]
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--worker", nargs=2, metavar=("PLAN", "DIR"))
+    p.add_argument("--worker", nargs=3, metavar=("PLAN", "DIR", "MODEL"))
+    p.add_argument("--model", choices=("mlp", "llama"), default="mlp")
     p.add_argument("--plans", nargs="+", default=["ddp", "fsdp"], metavar="PLAN")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--runs", type=int, default=3)
@@ -341,14 +430,17 @@ def main() -> None:
         print(json.dumps(gpus_needed(*args.gpus, budgets, {"B": 1, "S": 4096}), indent=1))
         return
     if args.worker:
-        plan, out = args.worker
-        worker(plan, str(Path(out) / f"rank{os.environ['RANK']}.json"))
+        plan, out, model = args.worker
+        worker(plan, str(Path(out) / f"rank{os.environ['RANK']}.json"), model)
         return
     results = []
     for text in args.plans:  # "fsdp,reshard=false": the plan without its world size
+        if ":" in text:  # a whole plan, e.g. fsdp:2+tp:2 (its world size is nproc's)
+            results.append(compare(text, args.nproc, args.runs, args.model))
+            continue
         name, _, rest = text.partition(",")
         plan = f"{name}:{args.nproc}" + (f",{rest}" if rest else "")
-        results.append(compare(plan, args.nproc, args.runs))
+        results.append(compare(plan, args.nproc, args.runs, args.model))
     print(table(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -24,6 +24,7 @@ from inspector.passes import PASSES, runs_model
 from inspector.progress import StagePlan
 from inspector.realcopy import needs_values, real_copy_decision
 from inspector.report import Meta, Report
+from inspector.schema.presets import PRESETS
 from inspector.versions import versions
 
 __all__ = ["inspect_model", "resolve_device", "finish_report"]
@@ -63,6 +64,8 @@ def inspect_model(
     if _builds_from_config(model) and not options.fake:
         # A config describes a model of any size: build it without weights, always.
         options.fake = True
+    if not options.parallel:
+        options.parallel = preset_plans(model)
     report = Report(meta=_meta(model, input, options))
     timings = report.meta.timings_s
     notify = progress or (lambda stage, percent: None)
@@ -146,6 +149,12 @@ def _run_passes(ctx: Context, notify, plan: StagePlan) -> None:  # noqa: ANN001 
 def finish_report(ctx: Context) -> None:
     """What the report needs once every pass has run."""
     ctx.report.capture.node_count = len(ctx.report.nodes)
+
+
+def preset_plans(model: str) -> list[str]:
+    """The `--parallel` plans a preset's report has by default (none for most)."""
+    preset = PRESETS.get(model.removeprefix("preset:")) if model.startswith("preset:") else None
+    return list(preset.parallel) if preset else []
 
 
 def _builds_from_config(model: str) -> bool:

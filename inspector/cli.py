@@ -164,9 +164,11 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
         type=_plan,
         default=[],
         metavar="STRATEGY:N",
-        help="per-rank training memory on N ranks: ddp:4, fsdp:8, fsdp:8,reshard=false, "
-        "fsdp:8,param_dtype=bf16, ddp:4,bucket_mb=50; repeatable. The input is one rank's "
-        "batch; the fewest GPUs per accelerator size come with each strategy",
+        help="per-rank training memory on N ranks: ddp:4, zero1:4, zero2:4, fsdp:8, "
+        "fsdp:8,reshard=false, fsdp:8,param_dtype=bf16, fsdp:8,checkpoint=true, tp:8, "
+        "tp:8,sp (sequence parallel), fsdp:8+tp:8 (2-D, 64 ranks); repeatable. The input "
+        "is one rank's batch (a TP group's); the fewest GPUs per accelerator size come "
+        "with each strategy",
     )
     p.add_argument(
         "--fit",

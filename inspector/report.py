@@ -441,8 +441,8 @@ class Serving(_Model):
 class ParallelPlan(_Model):
     """One `--parallel` plan: the heaviest rank's memory in a training step."""
 
-    strategy: str  # ddp / fsdp
-    spec: str  # the plan's normal form: "fsdp:8,reshard=false"
+    strategy: str  # ddp / zero1 / fsdp / tp / fsdp+tp
+    spec: str  # the plan's normal form: "fsdp:8,reshard=false", "fsdp:8+tp:8,sp"
     world_size: int
     per_rank_peak_bytes: int | None = None  # the heaviest rank's training-step peak
     heaviest_rank: int = 0
@@ -453,10 +453,12 @@ class ParallelPlan(_Model):
     optimizer_bytes: int | None = None
     input_bytes: int | None = None
     saved_activation_bytes: int | None = None
-    comm_bytes: int | None = None  # DDP buckets; FSDP: largest unit's all-gather + reduce-scatter
-    units: int | None = None  # FSDP: fully_shard units; DDP: gradient buckets
+    # DDP buckets; FSDP: largest unit's all-gather + reduce-scatter; TP: largest collective
+    comm_bytes: int | None = None
+    units: int | None = None  # FSDP: fully_shard units; DDP: gradient buckets; TP: split layers
     fits: dict[str, bool] = Field(default_factory=dict)  # {str(budget_bytes): fits}
     error: str | None = None  # why this plan has no figures
+    notes: list[str] = Field(default_factory=list)  # e.g. what TP left replicated
 
 
 class GpusNeeded(_Model):

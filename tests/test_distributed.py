@@ -51,7 +51,14 @@ def test_plan_grammar() -> None:
     )
     assert parse_plan("ddp:4,bucket_mb=50").options == {"bucket_mb": 50}
     assert parse_plan("zero1:2").strategy == "zero1"
-    for bad in ("fsdp", "tp:2", "fsdp:0", "fsdp:x", "ddp:2,reshard=true", "fsdp:2,reshard=1"):
+    assert parse_plan("tp:4,SP").text == "tp:4,sp"
+    two_d = parse_plan("fsdp:8,checkpoint=true+tp:4,sp")
+    assert (two_d.strategy, two_d.world_size, two_d.tp_size, two_d.dp_size) == ("fsdp+tp", 32, 4, 8)
+    assert two_d.text == "fsdp:8,checkpoint=true+tp:4,sp"
+    assert two_d.family == "fsdp,checkpoint=true+tp:4,sp"  # what the GPUs search varies
+    assert two_d.with_world_size(8).text == "fsdp:2,checkpoint=true+tp:4,sp"
+    for bad in ("fsdp", "pp:2", "fsdp:0", "fsdp:x", "ddp:2,reshard=true", "fsdp:2,reshard=1",
+                "tp:2+fsdp:2", "tp:2,reshard=false", "ddp:2+tp:2"):  # fmt: skip
         with pytest.raises(OptionError):
             parse_plan(bad)
 
@@ -160,6 +167,21 @@ def test_fewest_gpus_are_run_not_only_drawn() -> None:
 
     got = fewest_gpus(bumped, [2000], sharded=True)
     assert (got[0].gpus, got[0].per_rank_peak_bytes) == (65, 1000 + 64_000 // 65)
+
+    def drifting(n: int) -> int:  # what does not shard grows by 3 B a rank
+        return 1000 + 64_000 // n + 3 * n
+
+    # the line through 8 (9,024) and 64 (2,192) guesses 80; 80-83 do not fit (83: 2,020);
+    # doubling to 166 fits (1,883), bisecting finds 87 (1,996; 86: 2,002)
+    got = fewest_gpus(drifting, [2000], sharded=True)
+    assert (got[0].gpus, got[0].per_rank_peak_bytes) == (87, 1996)
+
+    def growing(n: int) -> int:  # a dim-0 shard of 8 rows: past 8 ranks only padding
+        return 1000 + 8_000 // min(n, 8) + 100 * max(0, n - 8)
+
+    # the line through 8 (2,000) and 64 (7,600) rises: 8 ranks fit 2,000, 7 (2,142) not
+    got = fewest_gpus(growing, [2000, 1500], sharded=True)
+    assert [c.gpus for c in got] == [8, None]
     flat = fewest_gpus(lambda n: 1500, [1000, 2000], sharded=False)
     assert [c.gpus for c in flat] == [None, 1]
 
@@ -171,7 +193,7 @@ def test_cli_parallel(tmp_path, capsys) -> None:
         " nn.Linear(32, 8)) for _ in range(2)])\n"
         "def example_inputs():\n    return torch.randn(4, 8)\n"
     )
-    assert cli.main(["inspect", str(tmp_path / "m.py:make"), "--parallel", "tp:2"]) == 2
+    assert cli.main(["inspect", str(tmp_path / "m.py:make"), "--parallel", "pp:2"]) == 2
     out = tmp_path / "r.json"
     argv = ["inspect", str(tmp_path / "m.py:make"), "--fake", "--passes",
             "graph,memory,distributed", "--parallel", "ddp:2", "--parallel", "fsdp:2",
@@ -198,3 +220,21 @@ def test_distinct_ranks_match_every_rank_looked_at() -> None:
             sizes = tuple(max(0, min(-(-r // n), r - rank * -(-r // n))) for r in rows)
             kinds.setdefault(sizes, rank)
         assert distinct_ranks(model, n) == sorted(kinds.values()), n
+
+
+def test_zero2_shards_gradients_and_state(fake) -> None:
+    from inspector.distributed.zero2 import zero2_rank_memory
+
+    model, inputs, opts = fake
+    m = zero2_rank_memory(model, inputs, opts, parse_plan("zero2:2"))
+    assert m.param_bytes == MODEL_BYTES  # every rank holds all the parameters
+    assert m.grad_bytes == MODEL_BYTES // 2  # its half of every flat gradient
+    assert m.optimizer_bytes == 2 * MODEL_BYTES // 2 + ADAM_STEPS
+    # the largest reduce-scatter: a 1024 x 256 weight's gradient (1,048,576 B) + its half
+    assert m.comm_bytes == 1_048_576 + 524_288
+    zero1 = zero1_rank_memory(model, inputs, opts, parse_plan("zero1:2"))
+    assert m.peak_bytes < zero1.peak_bytes  # no full gradients, no DDP buckets
+    # 3 ranks: chunks of ceil(numel / 3), rank 0's all full: 262,144 -> 87,382 of a weight
+    three = zero2_rank_memory(model, inputs, opts, parse_plan("zero2:3"))
+    chunks = 4 * (2 * -(-262_144 // 3) + -(-1024 // 3) + -(-256 // 3))
+    assert three.grad_bytes == chunks * 4

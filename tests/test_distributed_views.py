@@ -29,7 +29,7 @@ def distributed_report() -> Report:
                          per_rank_peak_bytes=20 * GIB, param_bytes=GIB, grad_bytes=GIB,
                          optimizer_bytes=2 * GIB, saved_activation_bytes=15 * GIB,
                          comm_bytes=GIB // 2, peak_phase="backward", peak_where="layers.0",
-                         fits=fits),
+                         fits=fits, notes=["scaled to 80 identical blocks"]),
             ParallelPlan(strategy="ddp", spec="ddp:8", world_size=8, error="no memory run"),
         ],
         gpus_needed=[GpusNeeded(strategy="fsdp", budget_bytes=16 * GIB),
@@ -51,6 +51,7 @@ def test_report_page_shows_the_plans_and_the_gpus_needed(tmp_path) -> None:
     assert "fsdp:8" in fsdp and "20.00 GiB" in fsdp and ">no<" in fsdp and ">fits<" in fsdp
     assert "no memory run" in ddp
     assert "no fit" in gpus and ">6 <" in gpus and "70.00 GiB" in gpus
+    assert "<code>fsdp:8</code>: scaled to 80 identical blocks" in section  # the plan's note
     assert 'href="#distributed"' in html
     assert 'id="distributed"' not in plain
 
@@ -61,16 +62,19 @@ def test_terminal_distributed_section() -> None:
     text = out.getvalue()
     assert "Distributed training (per rank, batch 64 per rank)" in text
     assert "20.00 GiB" in text and "backward (layers.0)" in text
+    assert "fsdp:8: scaled to 80 identical blocks" in text
     line = next(row for row in text.splitlines() if row.strip().startswith("fsdp "))
     assert line.split()[1:] == ["no", "fit", "6"]
 
 
 def test_parallel_through_the_api(tmp_path, monkeypatch) -> None:
     with api_env("sqlite", tmp_path, monkeypatch) as env:
-        response = upload(env, data={"parallel": ["FSDP:8, reshard=false; ddp:2", "fsdp:2"]})
+        response = upload(
+            env, data={"parallel": ["FSDP:8, reshard=false; ddp:2", "fsdp:2+TP:4, sp"]}
+        )
         assert response.status_code == 201, response.text
         stored = env.job(response.json()["slug"]).options["parallel"]
-        assert stored == ["fsdp:8,reshard=false", "ddp:2", "fsdp:2"]
-        refused = upload(env, data={"parallel": "tp:2"})
+        assert stored == ["fsdp:8,reshard=false", "ddp:2", "fsdp:2+tp:4,sp"]
+        refused = upload(env, data={"parallel": "pp:2"})
         assert refused.status_code == 422
-        assert "STRATEGY one of ddp, zero1, fsdp" in refused.text
+        assert "STRATEGY one of ddp, zero1, zero2, fsdp, tp, or fsdp:N+tp:M" in refused.text

@@ -7,6 +7,10 @@
 - `fsdp`: FSDP2 (`fully_shard` per repeated block + root) run for real on fake tensors.
 - `ddp`: DistributedDataParallel: the one-process step plus its gradient buckets.
 - `zero`: ZeRO-1: DDP with `ZeroRedundancyOptimizer`, run in the fake world.
+- `zero2`: ZeRO-2: gradients reduce-scattered as autograd makes them, state sharded.
+- `tpplan`: the tensor-parallel plan derived from the model's blocks (parallelize_module's).
+- `tp`: TP and FSDP x TP (a 2-D mesh) run for real on fake tensors.
+- `layerscale`: a deep stack of identical blocks run at two short depths and scaled.
 - `plan`: one `--parallel` spec -> the heaviest rank's memory (`RankMemory`).
 - `gpus`: the fewest ranks whose heaviest rank fits each accelerator size, verified.
 """

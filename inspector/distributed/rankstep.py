@@ -14,11 +14,15 @@ from torch import nn
 
 from inspector.context import Inputs
 from inspector.distributed.rankmemory import RankMemory
-from inspector.distributed.shardtracker import ShardTracker, local, storage_resizes
+from inspector.distributed.shardtracker import (
+    ShardSavedTracker,
+    ShardTracker,
+    local,
+    storage_resizes,
+)
 from inspector.memory.labels import module_labels, tag_graph
 from inspector.memory.loss import compute_loss
 from inspector.memory.optimizer import state_bytes_of
-from inspector.memory.saved import SavedTracker
 from inspector.memory.step import StepOptions, unique_tensors
 from inspector.memory.tracker import storage_key
 
@@ -59,7 +63,7 @@ def tracked_step(
     exclude = tracker.unsharded
     exclude.update(storage_key(t) for t in params + buffers)
     with tracker, storage_resizes(tracker), module_labels(model, tracker, tag=True):
-        with SavedTracker(tracker, exclude) as saved, _autocast(opts):
+        with ShardSavedTracker(tracker, exclude) as saved, _autocast(opts):
             tracker.label = None
             output = inputs.call(model)
             tracker.label = "(loss)"

@@ -1,11 +1,12 @@
 """The live-storage tracker for sharded training.
 
-Two things the plain `LiveTracker` cannot see:
+Three things the plain trackers cannot see:
 - a DTensor (a sharded parameter, its gradient and optimizer state) is a wrapper whose
   own storage is not memory: what a rank holds is its `_local_tensor`;
 - FSDP2 frees and re-allocates the unsharded parameters by resizing their storages
   (`storage.resize_(0)` / `resize_(n)`), which no aten op reports: its two helpers are
-  wrapped while the step runs, and every resize updates the tracked bytes.
+  wrapped while the step runs, and every resize updates the tracked bytes;
+- autograd saves DTensors whole: what a rank keeps is their local tensors.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any
 
 import torch
 
+from inspector.memory.saved import SavedTracker
 from inspector.memory.tracker import LiveTracker, storage_key
 
-__all__ = ["ShardTracker", "local", "storage_resizes"]
+__all__ = ["ShardTracker", "ShardSavedTracker", "local", "storage_resizes"]
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -42,6 +44,15 @@ class ShardTracker(LiveTracker):
         else:
             self._maybe_resized(t, self.producer_of(t))
         self._note_peak(self.label)
+
+
+class ShardSavedTracker(SavedTracker):
+    """Saved tensors by their local shard: under tensor parallelism autograd saves
+    DTensors (a sharded weight, a gathered input), whose wrapper has the global shape."""
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        super()._pack(local(t))
+        return t
 
 
 @contextmanager

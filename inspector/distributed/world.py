@@ -11,9 +11,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
-__all__ = ["fake_world", "WorldBusy"]
+__all__ = ["fake_world", "forget_world", "WorldBusy"]
 
 
 class WorldBusy(RuntimeError):
@@ -32,4 +33,18 @@ def fake_world(world_size: int, rank: int = 0) -> Iterator[Any]:
     try:
         yield init_device_mesh("cpu", (world_size,))
     finally:
-        dist.destroy_process_group()
+        forget_world()
+
+
+def forget_world() -> None:
+    """End the fake world, and drop DTensor's caches with it: they are keyed by meshes,
+    which compare equal across worlds of one shape, and hold that world's meshes, whose
+    process groups are gone (a 2-D world as rank 0 after one as rank 4 failed with
+    "Could not resolve the process group registered under the name 5")."""
+    from torch.distributed.tensor import DTensor, _redistribute
+
+    dist.destroy_process_group()
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()
+    _redistribute.clear_redistribute_planner_cache()
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch's own

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from inspector.context import Context
-from inspector.distributed.gpus import LINE_SIZES, fewest_gpus
+from inspector.distributed.gpus import LINE_SIZES, fewest_gpus, fewest_tp
 from inspector.distributed.plan import rank_memory
 from inspector.distributed.rankmemory import RankMemory
 from inspector.memory import scaling
@@ -37,7 +37,7 @@ def run(ctx: Context) -> None:
     budgets = sorted(set(ACCELERATOR_BUDGETS) | set(ctx.options.budgets_bytes))
     runs = _Runs(ctx, a)
     section.plans = [_plan(runs, s, budgets) for s in specs]
-    for spec in _strategies(specs):
+    for spec in _strategies([s for s, p in zip(specs, section.plans, strict=True) if not p.error]):
         _gpus(runs, section, spec, budgets)
     section.seconds = round(time.perf_counter() - start, 3)
 
@@ -81,6 +81,7 @@ def _row(spec: PlanSpec, m: RankMemory, budgets: list[int]) -> ParallelPlan:
         comm_bytes=m.comm_bytes,
         units=m.units,
         fits={str(b): m.peak_bytes <= b for b in budgets},
+        notes=list(m.notes),
     )
 
 
@@ -99,17 +100,23 @@ def _strategies(specs: list[PlanSpec]) -> list[PlanSpec]:
 
 
 def _name(spec: PlanSpec) -> str:
-    return spec.text.replace(f":{spec.world_size}", "", 1)
+    return spec.family
 
 
 def _gpus(runs: _Runs, section: Distributed, spec: PlanSpec, budgets: list[int]) -> None:
+    # a 2-D plan keeps its TP degree: the search varies the FSDP degree, in TP groups
+    group = spec.tp_size if spec.strategy == "fsdp+tp" else 1
+
     def peak_at(n: int) -> int:
-        return runs(spec.with_world_size(n)).peak_bytes
+        return runs(spec.with_world_size(n * group)).peak_bytes
 
     try:
-        # through the asked world size (already run) and 8 times it
-        line = (spec.world_size, 8 * spec.world_size) if spec.world_size > 1 else LINE_SIZES
-        counts = fewest_gpus(peak_at, budgets, spec.strategy != "ddp", line)
+        if spec.strategy == "tp":
+            counts = fewest_tp(peak_at, budgets)
+        else:  # through the asked degree (already run) and 8 times it
+            dp = spec.world_size // group
+            line = (dp, 8 * dp) if dp > 1 else LINE_SIZES
+            counts = fewest_gpus(peak_at, budgets, spec.strategy != "ddp", line)
     except Exception as exc:
         section.notes.append(f"GPUs needed for {_name(spec)}: {type(exc).__name__}: {exc}")
         return
@@ -117,7 +124,7 @@ def _gpus(runs: _Runs, section: Distributed, spec: PlanSpec, budgets: list[int])
         GpusNeeded(
             strategy=_name(spec),
             budget_bytes=c.budget_bytes,
-            gpus=c.gpus,
+            gpus=c.gpus * group if c.gpus else None,
             per_rank_peak_bytes=c.per_rank_peak_bytes,
         )
         for c in counts

@@ -27,6 +27,7 @@ def distributed_section(report: Report) -> Group | None:
     parts: list[Text | Table] = [Text(title, style="bold"), _plans(d)]
     if d.gpus_needed:
         parts += [Text("\nFewest GPUs that fit (each run on fake tensors)", style="bold"), _gpus(d)]
+    parts += [Text(f"{p.spec}: {note}", style="dim") for p in d.plans for note in p.notes]
     parts += [Text(note, style="dim") for note in d.notes]
     return Group(*parts)
 

@@ -19,6 +19,9 @@ class Preset:
     published_params: int  # the figure the model's authors give, for checking
     config: dict[str, Any] = field(default_factory=dict)  # a HF config; empty for own models
     spec: dict[str, Any] | None = None  # default input; None: from the config
+    # --parallel plans its report gets when none are asked: the GPUs-needed table of
+    # the models nobody trains on one GPU
+    parallel: tuple[str, ...] = ()
 
 
 def _llama(hidden: int, inter: int, layers: int, heads: int, kv: int) -> dict[str, Any]:
@@ -53,6 +56,10 @@ _MISTRAL = {
     "dtype": "bfloat16",
 }
 
+# FSDP alone and FSDP across TP groups of 8 (one node), every layer checkpointed, as
+# torchtitan trains Llama 3 70B: without checkpointing no world size fits 80 GiB
+_LARGE_PLANS = ("fsdp:8,checkpoint=true", "fsdp:8,checkpoint=true+tp:8")
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in [
@@ -85,7 +92,13 @@ PRESETS: dict[str, Preset] = {
             },
         ),
         Preset("llama-3-8b", "Llama 3 8B", 8_030_261_248, _llama(4096, 14336, 32, 32, 8)),
-        Preset("llama-3-70b", "Llama 3 70B", 70_553_706_496, _llama(8192, 28672, 80, 64, 8)),
+        Preset(
+            "llama-3-70b",
+            "Llama 3 70B",
+            70_553_706_496,
+            _llama(8192, 28672, 80, 64, 8),
+            parallel=_LARGE_PLANS,
+        ),
         Preset("mistral-7b", "Mistral 7B v0.1", 7_241_732_096, _MISTRAL),
         Preset(
             "mixtral-8x7b",
@@ -93,6 +106,7 @@ PRESETS: dict[str, Preset] = {
             46_702_792_704,
             {**_MISTRAL, "model_type": "mixtral", "architectures": ["MixtralForCausalLM"]}
             | {"num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": None},
+            parallel=_LARGE_PLANS,
         ),
         Preset(
             "vit-b-16",

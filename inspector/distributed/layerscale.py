@@ -1,0 +1,119 @@
+"""A deep stack of identical blocks, run short and scaled: a rank's figures at L blocks
+from runs at two short depths.
+
+A transformer's decoder layers are identical (the same modules, parameter shapes and
+dtypes): under FSDP, TP or both, each one adds the same sharded parameters, gradients and
+optimizer state, the same saved activations, and its place in the step repeats, so a
+rank's peak at depth L lies on the line through the peaks at depths a and b, as long as
+the peak happens at the same place (its phase and module kind) at both. The run at each
+depth is the real one (torch's own `fully_shard` / `parallelize_module` on fake tensors),
+with the model's block list cut to its first blocks for the run; embeddings, final norm
+and head stay. `tests/test_distributed_scale.py` checks the line against a full run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import fields, replace
+
+from torch import nn
+
+from inspector.distributed.fsdp import shard_units
+from inspector.distributed.rankmemory import RankMemory
+
+__all__ = ["identical_blocks", "cut_to", "scaled", "SHORT_DEPTHS", "SCALE_FROM"]
+
+SHORT_DEPTHS = (3, 4)  # past the first and last block's edge effects (prefetch, root)
+SCALE_FROM = 8  # fewer identical blocks: run them all
+_LINEAR = ("peak_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
+           "saved_activation_bytes")  # fmt: skip
+
+
+def identical_blocks(model: nn.Module) -> tuple[str, int] | None:
+    """(path of the container, count) when the model's blocks are all the members of one
+    ModuleList or Sequential and identical in type, parameter names, shapes and dtypes."""
+    paths = shard_units(model)
+    parents = {p.rpartition(".")[0] for p in paths}
+    if len(paths) < 2 or len(parents) != 1:
+        return None
+    parent = parents.pop()
+    container = model.get_submodule(parent) if parent else model
+    if not isinstance(container, nn.ModuleList | nn.Sequential) or len(container) != len(paths):
+        return None
+    first = _signature(container[0])
+    if any(_signature(block) != first for block in container):
+        return None
+    return parent, len(container)
+
+
+def _signature(block: nn.Module) -> tuple:
+    params = tuple((n, tuple(p.shape), p.dtype) for n, p in block.named_parameters())
+    types = tuple(type(m).__name__ for m in block.modules())
+    return params, types
+
+
+@contextmanager
+def cut_to(model: nn.Module, parent: str, depth: int) -> Iterator[None]:
+    """The ModuleList at `parent` holds its first `depth` blocks while this lasts."""
+    container = model.get_submodule(parent) if parent else model
+    saved = dict(container._modules)
+    container._modules = {k: v for i, (k, v) in enumerate(saved.items()) if i < depth}
+    try:
+        yield
+    finally:
+        container._modules = saved
+
+
+def scaled(
+    run: Callable[[nn.Module], RankMemory],
+    model: nn.Module,
+    depths: tuple[int, int] = SHORT_DEPTHS,
+) -> RankMemory | None:
+    """`run(model)` at the model's full depth from runs at `depths`; None when the model
+    is not a deep stack of identical blocks or the peak moves between the short runs."""
+    found = identical_blocks(model)
+    if found is None or found[1] < SCALE_FROM:
+        return None
+    parent, depth = found
+    a, b = depths
+    with cut_to(model, parent, a):
+        short = run(model)
+    with cut_to(model, parent, b):
+        longer = run(model)
+    if (short.peak_phase, _kind(short.peak_label)) != (longer.peak_phase, _kind(longer.peak_label)):
+        return None
+
+    def at_depth(name: str) -> int:
+        low, high = getattr(short, name), getattr(longer, name)
+        return low + (depth - a) * (high - low) // (b - a)
+
+    values = {f.name: at_depth(f.name) for f in fields(RankMemory) if f.name in _LINEAR}
+    per_block = _gb((longer.peak_bytes - short.peak_bytes) // (b - a))
+    note = (
+        f"scaled to {depth} identical blocks ({parent}) from runs with the first {a} "
+        f"and {b}: each block adds {per_block} to the peak"
+    )
+    out = replace(longer, **values, notes=[*longer.notes, note])
+    out.units = longer.units + (depth - b) * (longer.units - short.units) // (b - a)
+    out.peak_label = _at_depth(longer.peak_label, parent, b, depth)
+    return out
+
+
+def _kind(label: str | None) -> str | None:
+    """A module label without its block index: where in a block the peak is."""
+    return re.sub(r"\.\d+(\.|$)", r".*\1", label) if label else label
+
+
+def _at_depth(label: str | None, parent: str, b: int, depth: int) -> str | None:
+    """The last block's label at depth b, renamed to the last block at full depth."""
+    if not label or not parent:
+        return label
+    return label.replace(f"{parent}.{b - 1}", f"{parent}.{depth - 1}")
+
+
+def _gb(n: int) -> str:
+    from inspector.units import format_bytes
+
+    return format_bytes(n)

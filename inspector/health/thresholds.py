@@ -10,10 +10,12 @@ DEFAULTS: dict[str, float] = {
     # A layer whose gradient per element (RMS) is this many times smaller than the
     # largest layer's.
     "vanishing_ratio": 1e-5,
-    # A layer grad norm above this, or grad/weight norm above `exploding_ratio`
-    # (one SGD step at lr 0.1 would move the weight by more than its own size).
+    # Exploding (inspector.health.gradrows._exploding): a layer grad norm above this, or a
+    # gradient per element `exploding_growth` x any later layer's with grad/weight above
+    # `exploding_ratio` (one SGD step at lr 0.1 would move the weight by more than its size).
     "exploding_norm": 1e3,
     "exploding_ratio": 10.0,
+    "exploding_growth": 1e3,
     # ReLU outputs: share of features that are zero for the whole batch.
     "dead_fraction": 0.5,
     "dead_min_samples": 8,  # fewer values per feature than this: no verdict (chance)
@@ -30,7 +32,7 @@ DEFAULTS: dict[str, float] = {
     "checkpoint_share": 0.3,
 }
 
-GRADIENT_KEYS = ("vanishing_ratio", "exploding_norm", "exploding_ratio")
+GRADIENT_KEYS = ("vanishing_ratio", "exploding_norm", "exploding_ratio", "exploding_growth")
 
 
 def resolve(options: Options) -> dict[str, float]:

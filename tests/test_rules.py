@@ -304,7 +304,7 @@ TRIGGERS = [
     ("mode-divergence", "info", "", Training, (x4(),), None),
     (
         "bias-before-batchnorm",
-        "warning",
+        "info",  # waste, not harm
         "0",
         lambda: conv_bn(True),
         (torch.randn(2, 3, 8, 8),),

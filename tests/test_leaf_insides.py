@@ -54,3 +54,36 @@ def test_inner_flops_by_hand_and_they_add_up(modules) -> None:
     layers = [modules[f"encoder.layers.{i}"].flops_forward for i in (0, 1)]
     assert layers[0] == layers[1] > 0
     assert sum(layers) == modules["encoder"].flops_forward
+
+
+BRANCHED = '''
+import torch
+from torch import nn
+
+
+class Residual(nn.Module):
+    """RAFT's residual block: the shortcut is an nn.Identity when the width stays."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+        self.downsample = nn.Identity()
+
+    def forward(self, x):
+        # RAFT's correlation scale: fx (also guided by meta values) fails on a tensor made
+        # from a size, so torch.export captures
+        scale = torch.sqrt(torch.tensor(x.shape[1]))
+        return (self.conv(x) + self.downsample(x)) / scale
+'''
+
+
+def test_a_module_that_leaves_no_node_under_export_gets_its_shapes(tmp_path) -> None:
+    path = tmp_path / "branched.py"
+    path.write_text(BRANCHED)
+    spec = '{"x": {"shape": ["B", 4, 8, 8]}, "dims": {"B": 2}}'
+    report = inspect_model(f"{path}:Residual", spec, Options(passes={"graph"}))
+    assert report.capture.method == "export"
+    assert "downsample" not in {n.module_path for n in report.nodes}  # inlined: no node
+    down = next(m for m in report.modules if m.path == "downsample")
+    assert down.calls == 1 and down.output_shapes == [["B", 4, 8, 8]]
+    assert down.flops_forward == 0

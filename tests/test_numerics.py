@@ -6,11 +6,12 @@ import pytest
 import torch
 from test_rules import Two
 from torch import nn
+from torchvision.models import squeezenet1_1
 
 from inspector.context import Options
 from inspector.health.adhoc import context_for
 from inspector.health.stats import dead_fraction, tensor_stats
-from inspector.passes import numerics
+from inspector.passes import findings, numerics
 
 
 def run(model: nn.Module, *args, **kw):
@@ -39,23 +40,23 @@ def test_node_stats_by_hand() -> None:
 
 
 def test_dead_features() -> None:
-    # (B=8, F=3): feature 1 is zero for every sample -> 1 of 3 dead
-    x = torch.ones(8, 3)
+    # (B=32, F=3): feature 1 is zero for every sample -> 1 of 3 dead
+    x = torch.ones(32, 3)
     x[:, 1] = 0
     assert dead_fraction(x) == pytest.approx(1 / 3)
-    # (B, C, H, W): channels are dim 1; channel 0 of 2 dead
+    # (B, C, H, W): channels are dim 1 (2 x 4 x 4 = 32 values each); channel 0 of 2 dead
     img = torch.ones(2, 2, 4, 4)
     img[:, 0] = 0
     assert dead_fraction(img) == pytest.approx(0.5)
     # (B, S, F) sequences: features are the last dim
-    seq = torch.ones(2, 4, 5)
+    seq = torch.ones(2, 16, 5)
     seq[..., :2] = 0
     assert dead_fraction(seq) == pytest.approx(2 / 5)
-    assert dead_fraction(torch.zeros(2, 3)) is None  # 2 samples < 8: no verdict
+    assert dead_fraction(torch.zeros(31, 3)) is None  # 31 values < 32: no verdict
 
 
 def test_relu_dead_fraction_in_pass() -> None:
-    ctx = run(Two("dead"), torch.randn(16, 4))
+    ctx = run(Two("dead"), torch.randn(32, 4))
     relu = next(n.stats for n in ctx.report.nodes if n.name == "relu")
     assert relu.dead_fraction == 1.0  # relu(h - 100) is zero everywhere
 
@@ -107,3 +108,28 @@ def test_fake_mode_skips_with_a_note() -> None:
     ctx = run(Shift(), torch.randn(2, 2), options=Options(fake=True))
     assert all(n.stats is None for n in ctx.report.nodes)
     assert any("fake" in w for w in ctx.report.meta.warnings)
+
+
+def _squeeze_activations(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    seen: dict[str, torch.Tensor] = {}
+    fire = model.features[9].squeeze_activation
+    fire.register_forward_hook(lambda m, i, out: seen.__setitem__("fire9", out.detach()))
+    with torch.no_grad():
+        model(x)
+    return seen
+
+
+def test_squeezenet_squeeze_units_are_not_called_dead_on_a_small_sample() -> None:
+    """issue #16: torchvision SqueezeNet 1.1 at 64 px, batch 2 got `dead-relu` on Fire 9's
+    squeeze ReLU. On its 18 values per channel (2 images x 3 x 3) 54% of the units are zero,
+    over the 50% line; on 16x the values 46%: the small sample put it over the line, so with
+    fewer values than dead_min_samples there is no verdict."""
+    torch.manual_seed(0)
+    model = squeezenet1_1()
+    small = _squeeze_activations(model, torch.randn(2, 3, 64, 64))["fire9"]
+    large = _squeeze_activations(model, torch.randn(32, 3, 64, 64))["fire9"]
+    assert small[0, 0].numel() * 2 == 18 and dead_fraction(small, 8) > 0.5
+    assert dead_fraction(large) < 0.5  # 288 values per channel
+    ctx = run(model, torch.randn(2, 3, 64, 64))
+    findings.run(ctx)
+    assert [f.rule for f in ctx.report.findings if f.rule == "dead-relu"] == []

@@ -318,7 +318,7 @@ TRIGGERS = [
     ("inplace-autograd", "error", "add_", lambda: Two("inplace"), (x4(),), None),
     ("nan-activation", "error", "log", lambda: Two("nan-forward"), (x4(),), None),
     ("nan-activation", "error", "truediv", lambda: Two("inf-out"), (x4(),), None),
-    ("dead-relu", "warning", "relu", lambda: Two("dead"), (x4(),), None),
+    ("dead-relu", "warning", "relu", lambda: Two("dead"), (x4(32),), None),  # dead_min_samples
     ("saturated-activation", "warning", "sigmoid", lambda: Two("saturate"), (x4(),), None),
     ("fp16-overflow", "warning", "add", lambda: Two("big"), (x4(),), Options(dtype="fp16")),
     ("fp16-underflow", "warning", "linear", lambda: Two("tiny"), (x4(),), Options(dtype="fp16")),
@@ -338,7 +338,7 @@ TRIGGERS = [
     ("mode-divergence", "info", "", Training, (x4(),), None),
     (
         "bias-before-batchnorm",
-        "warning",
+        "info",  # waste, not harm
         "0",
         lambda: conv_bn(True),
         (torch.randn(2, 3, 8, 8),),
@@ -397,7 +397,7 @@ HEALTHY = [
     ("inplace-autograd", lambda: Two(), (x4(),)),
     ("nan-activation", lambda: Two(), (x4(),)),
     ("nan-activation", lambda: Two("masked-inf"), (x4(),)),  # -inf that never reaches the output
-    ("dead-relu", lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU()), (x4(),)),
+    ("dead-relu", lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU()), (x4(32),)),
     ("saturated-activation", lambda: nn.Sequential(nn.Linear(4, 8), nn.Sigmoid()), (x4(),)),
     ("fp16-overflow", lambda: Two(), (x4(),)),
     ("fp16-underflow", lambda: Two(), (x4(),)),

@@ -21,13 +21,15 @@ from zoo_compare import FLOPS_RTOL, SAVED_RTOL, alarms, blank_modules, inspect_z
 from zoo_truth import Truth, measure_truth
 
 slow = pytest.mark.slow
-FAST = ["lstm", "checkpoint", "parametrized", "hf-bert", "hf-llama"]
+# hf-albert: its token-type embedding was "exploding" at init (issue #16)
+FAST = ["lstm", "checkpoint", "parametrized", "hf-bert", "hf-llama", "hf-albert"]
 SLOW = [
     "resnet18",
     "hf-t5",
     "timm-levit_128s",
     "timm-cait_xxs24",
     "r3d_18",
+    "convnext_tiny",  # torchvision's (C, 1, 1) layer scale: 18 blocks were "exploding"
 ]
 MODELS = [*FAST, *(pytest.param(n, marks=slow) for n in SLOW)]
 

@@ -1,12 +1,13 @@
-"""Inside the modules a capture kept whole: measured with hooks.
+"""Modules the graph has no node for: measured with hooks.
 
 fx keeps torch.nn's own modules whole (`nn.TransformerEncoder`, `nn.MultiheadAttention`),
 and any module whose tracing fails: the graph has one `call_module` node for it, and the
-modules inside get no shapes or FLOPs. One hooks-recorded forward of the model on meta
-tensors (nothing allocated; on the main run's fake or real tensors when meta cannot stand
-in) fills them in: calls, input and output shapes and dtypes, FLOPs and output bytes. The
-named dims come from a second run with each dim changed: an entry that changes with it
-is that dim.
+modules inside get no shapes or FLOPs. torch.export inlines every module, so one that runs
+no op (`nn.Identity`: RAFT's downsample branches) leaves no node at all. One
+hooks-recorded forward of the model on meta tensors (nothing allocated; on the main run's
+fake or real tensors when meta cannot stand in) fills them in: calls, input and output
+shapes and dtypes, FLOPs and output bytes. The named dims come from a second run with each
+dim changed: an entry that changes with it is that dim.
 """
 
 from __future__ import annotations
@@ -29,15 +30,11 @@ _NO_FORWARD = frozenset({"ModuleList", "ModuleDict", "ParameterList", "Parameter
 
 
 def fill_leaf_insides(ctx: Context, modules: list[Module]) -> None:
-    """Give the modules inside a kept-whole module the measures the graph could not."""
+    """Give the modules the graph saw no call of the measures it could not; those the
+    hooks see not running either (a branch not taken) stay blank."""
     if ctx.capture is None or ctx.capture.method == "hooks":
         return
-    whole = {n.target for n in ctx.report.nodes if n.op == "call_module"}
-    blank = [
-        m
-        for m in modules
-        if not m.calls and m.type not in _NO_FORWARD and any(_within(m.path, w) for w in whole)
-    ]
+    blank = [m for m in modules if not m.calls and m.type not in _NO_FORWARD]
     if not blank:
         return
     try:

@@ -1,5 +1,5 @@
-"""Gates: 1-D scales that start at (or within 1e-3 of) zero, or weights that start at exactly
-zero (torchvision ViT's head), and silence what they scale at
+"""Gates: vector scales (1-D, or (C, 1, 1)) that start at (or within 1e-3 of) zero, or
+weights that start at exactly zero (torchvision ViT's head), and silence what they scale at
 initialisation, by design: layer scales (ConvNeXt, CaiT: gamma = 1e-6) and zero-initialised
 residual norms (torchvision's zero_init_residual, LeViT's `bn_weight_init=0` projections).
 
@@ -22,15 +22,21 @@ from inspector.context import Context
 from inspector.health.state import preserved
 from inspector.report import ParamGrad
 
-__all__ = ["GATE_NAMES", "GATE_RMS", "gate_rows", "opened_grad_norms"]
+__all__ = ["GATE_NAMES", "GATE_RMS", "gate_rows", "is_vector", "opened_grad_norms"]
 
 # The names of parameters that scale a block's output: layer scales and norm gains.
 GATE_NAMES = frozenset({"gamma", "weight", "scale", "gamma_1", "gamma_2", "layer_scale", "ls"})
 GATE_RMS = 1e-3  # a gate this close to zero silences its block at initialisation
 
 
+def is_vector(shape: list[int]) -> bool:
+    """At most one dimension above 1: torchvision ConvNeXt's layer scale is (C, 1, 1), a
+    vector that broadcasts over the feature map, not a matrix."""
+    return sum(d > 1 for d in shape) <= 1
+
+
 def gate_rows(params: list[ParamGrad]) -> list[ParamGrad]:
-    """The gates: 1-D, named like a scale, rms <= GATE_RMS, and receiving a gradient (a
+    """The gates: vectors, named like a scale, rms <= GATE_RMS, and receiving a gradient (a
     closed gate still learns: its own gradient is what opens it)."""
     gates = []
     for row in params:
@@ -40,7 +46,7 @@ def gate_rows(params: list[ParamGrad]) -> list[ParamGrad]:
             continue
         rms = (row.weight_norm or 0.0) / math.sqrt(math.prod(row.shape))
         # a scale near zero, or a matrix that is exactly zero (torchvision ViT's head)
-        if (len(row.shape) == 1 and rms <= GATE_RMS) or not row.weight_norm:
+        if (is_vector(row.shape) and rms <= GATE_RMS) or not row.weight_norm:
             gates.append(row)
     return gates
 

@@ -9,7 +9,7 @@ import torch
 from inspector.context import Context
 from inspector.health.backprop import BackwardRun
 from inspector.health.cutsite import cut_for, fx_cut_node
-from inspector.health.gates import gate_rows, opened_grad_norms
+from inspector.health.gates import gate_rows, is_vector, opened_grad_norms
 from inspector.report import LayerGrad, ParamGrad
 
 __all__ = ["param_rows", "layer_rows", "owner", "module_grad_norms"]
@@ -64,17 +64,45 @@ def _judge(rows: list[ParamGrad], th: dict[str, float]) -> None:
             row.verdict = "nan"
 
 
-def _verdict(layer: LayerGrad, largest_rms: float, th: dict) -> str:
-    """Exploding by the layer's norm or grad/weight ratio; vanishing by its gradient per
-    element (RMS) against the largest layer's: a 4x4 talking-heads matrix has 1/10,000 the
-    entries of a classifier head, and comparing total norms called it vanishing for its
-    size alone."""
-    norm, ratio, rms = layer.grad_norm or 0.0, layer.ratio, layer.grad_rms or 0.0
-    if norm > th["exploding_norm"] or (ratio is not None and ratio > th["exploding_ratio"]):
+def _verdict(layer: LayerGrad, largest_rms: float, later_rms: float, th: dict) -> str:
+    """Vanishing by the layer's gradient per element (RMS) against the largest layer's: a
+    4x4 talking-heads matrix has 1/10,000 the entries of a classifier head, and comparing
+    total norms called it vanishing for its size alone. Exploding: see `_exploding`."""
+    if _exploding(layer, later_rms, th):
         return "exploding"
+    rms = layer.grad_rms or 0.0
     if largest_rms > 0 and rms <= th["vanishing_ratio"] * largest_rms:
         return "vanishing"
     return "ok"
+
+
+def _exploding(layer: LayerGrad, later_rms: float, th: dict) -> bool:
+    """A norm past `exploding_norm` (a loss or scale off by orders of magnitude), or a
+    gradient that grew on its way back: per element `exploding_growth` x larger than any
+    layer's between it and the loss, and larger than its weight x `exploding_ratio` (one
+    SGD step at lr 0.1 would move the weight by more than its own size).
+
+    The ratio alone is no sign of explosion at initialisation: a lookup table starts at std
+    0.02 and its rows sum the gradients of every position that reads them (ALBERT's token
+    types: every token reads row 0, grad/weight 15), and a first conv on raw pixels before
+    a BatchNorm gets the largest gradient of a ResNet (FCN-ResNet50: 59), yet per element
+    both are within 10x of the layers after them: nothing was amplified."""
+    norm, ratio, rms = layer.grad_norm or 0.0, layer.ratio, layer.grad_rms or 0.0
+    if norm > th["exploding_norm"]:
+        return True
+    grown = later_rms > 0 and rms > th["exploding_growth"] * later_rms
+    return grown and ratio is not None and ratio > th["exploding_ratio"]
+
+
+def _later_rms(layers: list[LayerGrad]) -> dict[str, float]:
+    """For each layer, the largest gradient RMS of the layers the forward ran after it
+    (those nearer the loss); 0 for the last one."""
+    out: dict[str, float] = {}
+    running = 0.0
+    for layer in sorted(layers, key=lambda x: x.depth_index, reverse=True):
+        out[layer.module_path] = running
+        running = max(running, layer.grad_rms or 0.0)
+    return out
 
 
 def layer_rows(
@@ -90,9 +118,10 @@ def layer_rows(
     types = {p: type(m).__name__ for p, m in ctx.model.named_modules()}
     layers = [_layer(path, types.get(path, ""), i, by_owner[path]) for i, path in enumerate(order)]
     largest = max((x.grad_rms for x in layers if x.grad_rms is not None), default=0.0)
+    later = _later_rms(layers)
     for layer in layers:
         if layer.verdict == "ok" and layer.grad_norm is not None:
-            layer.verdict = _verdict(layer, largest, th)
+            layer.verdict = _verdict(layer, largest, later[layer.module_path], th)
     _mark_gated(ctx, layers, by_owner, params, th)  # a gate explains it: "gated"
     _local_not_vanishing(layers)
     for layer in layers:
@@ -153,7 +182,9 @@ def _group_rms(rows: list[ParamGrad], norms: dict[str, float]) -> float:
 def _layer(path: str, type_name: str, index: int, rows: list[ParamGrad]) -> LayerGrad:
     """The layer's gradient norm over all its parameters; its grad/weight ratio over the
     matrices and kernels only: a bias, a norm's gain or a layer scale starts at or near
-    zero, and a gradient "larger than the weight" says nothing there."""
+    zero, and a gradient "larger than the weight" says nothing there. A vector is a shape
+    with one dimension above 1: torchvision ConvNeXt's (C, 1, 1) layer scale at 1e-6 made
+    its 18 blocks "exploding" (grad/weight 50..280) when it counted as a kernel."""
     layer = LayerGrad(module_path=path, type=type_name, depth_index=index)
     with_grad = [r for r in rows if r.grad_norm is not None]
     if not with_grad:
@@ -161,7 +192,7 @@ def _layer(path: str, type_name: str, index: int, rows: list[ParamGrad]) -> Laye
         return layer
     layer.grad_norm = math.sqrt(sum(r.grad_norm**2 for r in with_grad))
     layer.grad_rms = layer.grad_norm / math.sqrt(max(_elements(with_grad), 1))
-    matrices = [r for r in with_grad if len(r.shape) >= 2]
+    matrices = [r for r in with_grad if not is_vector(r.shape)]
     weight = math.sqrt(sum((r.weight_norm or 0.0) ** 2 for r in matrices))
     if matrices and weight:
         layer.ratio = math.sqrt(sum(r.grad_norm**2 for r in matrices)) / weight

@@ -7,8 +7,10 @@ import torch
 
 from inspector.report import NumericStats
 
-__all__ = ["tensor_stats", "FP16_MAX", "FP16_MIN_NORMAL", "MASK_ABS"]
+__all__ = ["tensor_stats", "DEAD_MIN_SAMPLES", "FP16_MAX", "FP16_MIN_NORMAL", "MASK_ABS"]
 
+# the default of thresholds.DEFAULTS['dead_min_samples'] (why: there)
+DEAD_MIN_SAMPLES = 32
 FP16_MAX = 65504.0
 FP16_MIN_NORMAL = 6.103515625e-05  # 2**-14; below it float16 is subnormal, then zero
 # Masks built with torch.finfo(dtype).min are chosen per dtype (HF does so): not overflow.
@@ -16,7 +18,9 @@ MASK_ABS = 1e38
 _SATURATION = 1e-3
 
 
-def tensor_stats(t: torch.Tensor, kind: str = "", min_samples: int = 8) -> NumericStats:
+def tensor_stats(
+    t: torch.Tensor, kind: str = "", min_samples: int = DEAD_MIN_SAMPLES
+) -> NumericStats:
     x = t.detach()
     x = x.abs() if x.is_complex() else x
     x = x if x.dtype == torch.float64 else x.float()
@@ -66,7 +70,7 @@ def _bf16_error(values: torch.Tensor, std: float) -> float | None:
     return torch.linalg.vector_norm(error).item() / (values.numel() ** 0.5) / std
 
 
-def dead_fraction(x: torch.Tensor, min_samples: int = 8) -> float | None:
+def dead_fraction(x: torch.Tensor, min_samples: int = DEAD_MIN_SAMPLES) -> float | None:
     """Share of features zero for the whole batch. Features: dim 1 of (B, F) and of
     (B, C, ...) images, the last dim of (B, S, F) sequences."""
     if x.dim() < 2:

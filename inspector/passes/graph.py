@@ -44,7 +44,7 @@ def run(ctx: Context) -> None:
     bwd_total, bwd = _backward(ctx, records)
     calls = module_calls(records, hooks=ctx.capture is not None and ctx.capture.method == "hooks")
     ctx.report.modules = build_modules(ctx.model, records, calls, table, bwd)
-    fill_leaf_insides(ctx, ctx.report.modules)  # modules inside what fx kept whole
+    fill_leaf_insides(ctx, ctx.report.modules)  # modules the graph has no node for
     ctx.report.totals = _totals(ctx.model, table, records, bwd_total)
     if ctx.report.modules:
         ctx.report.modules[0].flops_backward = bwd_total  # the root is the whole model

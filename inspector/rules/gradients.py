@@ -137,7 +137,8 @@ def vanishing_gradient(ctx: Context, report: Report) -> Iterator[Finding]:
 
 @rule("exploding-gradient", "warning")
 def exploding_gradient(ctx: Context, report: Report) -> Iterator[Finding]:
-    """Layer gradient norms above the exploding threshold, or far larger than the weights."""
+    """Layer gradient norms above the exploding threshold, or gradients that grew on their
+    way back to far larger than any later layer's and than the weights."""
     layers, _ = _profile(report, "exploding")
     if not layers:
         return
@@ -151,7 +152,8 @@ def exploding_gradient(ctx: Context, report: Report) -> Iterator[Finding]:
         "exploding-gradient",
         layers[0].module_path,
         f"{len(layers)} layer(s) have exploding gradients (norm > {th.get('exploding_norm'):g}"
-        f" or grad/weight > {th.get('exploding_ratio'):g}): {listed}.",
+        f", or per element > {th.get('exploding_growth'):g} x every later layer's with "
+        f"grad/weight > {th.get('exploding_ratio'):g}): {listed}.",
         "Lower the learning rate, clip gradients (torch.nn.utils.clip_grad_norm_), or fix "
         "the initialisation / loss scale.",
     )

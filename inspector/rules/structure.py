@@ -47,9 +47,10 @@ def _module_pairs(ctx: Context) -> Iterator[tuple[str, nn.Module, str, nn.Module
                 yield prefix + na, a, prefix + nb, b
 
 
-@rule("bias-before-batchnorm", "warning")
+@rule("bias-before-batchnorm", "info")
 def bias_before_batchnorm(ctx: Context, report: Report) -> Iterator[Finding]:
-    """A conv/linear bias right before BatchNorm: the BatchNorm subtracts it again."""
+    """A conv/linear bias right before BatchNorm: the BatchNorm subtracts it again. Waste,
+    not harm (issue #16: info), and standard models have it (torchvision's VGG-BN: 8)."""
     for path, module, next_path, following in _module_pairs(ctx):
         if (
             isinstance(module, _BIASED)

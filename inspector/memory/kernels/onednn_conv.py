@@ -15,6 +15,10 @@ what the peak inside the call depends on:
 - an output gradient that is not contiguous (the backward of `.sum()`) is copied first
   and held throughout.
 A 1x1, stride-1, unpadded conv runs as a plain GEMM, with no copies.
+A 3-D conv's backward weights at batch >= 2 and input depth <= 2 (r3d_18's layers 2-4 at 4
+frames) runs oneDNN's GEMM kernel: 4 weight-sized partial gradients and an im2col column of
+one output depth slice, byte-exact on 4 shapes (r3d_18: -2.7% -> 0.0%); at batch 1 another
+GEMM kernel runs (a whole im2col), not modelled, so the call is reported.
 
 Channels-last (NHWC) tensors, as ConvNeXt's permutes leave them, are read and written in
 place; only the weights are copied: forward two weight copies and a scratchpad (a
@@ -44,7 +48,7 @@ import torch
 
 from inspector.memory.kernels.registry import KernelMemory, formula, measured_here
 
-__all__ = ["conv_forward_scratch", "conv_backward_scratch"]
+__all__ = ["conv_forward_scratch", "conv_backward_scratch", "conv3d_gemm_weights_scratch"]
 
 aten = torch.ops.aten
 BLOCK = 16  # AVX-512 float32 channel block
@@ -55,6 +59,8 @@ GEMM_DILATION = 8  # from this dilation oneDNN may pick its GEMM conv (measured 
 # channels-last kernels' scratchpads at one thread, measured: forward, backward data
 NHWC_FORWARD_SCRATCH, NHWC_BACKWARD_SCRATCH = 8216, 8344
 NHWC_DEPTHWISE_ROWS = 256  # the depthwise backward-weights buffer: channels x kernel x 256
+# 3-D backward weights, batch >= 2, input depth <= 2: oneDNN's GEMM kernel (measured)
+GEMM_3D_MAX_DEPTH, GEMM_3D_WEIGHT_COPIES, GEMM_3D_ALIGN = 2, 4, 256
 
 
 def _pad(n: int) -> int:
@@ -118,6 +124,28 @@ def conv_backward_scratch(
     end = grad_in + _nbytes(weight.shape) * mask[1] + oc * F32 * mask[2]
     copied = 0 if grad_out.is_contiguous() else _nbytes(grad_out.shape)
     return copied + max(0, max(data, weights) - end)
+
+
+def conv3d_gemm_weights_scratch(x: torch.Tensor, weight: torch.Tensor, grad_out: Any) -> int:
+    """oneDNN's GEMM backward-weights kernel for a 3-D conv at batch >= 2 and input depth
+    <= 2 (r3d_18's layers 2-4 at 4 frames): one scratchpad of 4 weight-sized partial
+    gradients and an im2col column of one output depth slice (input channels x kernel x
+    output H x W), whatever the input gradient. Byte-exact on 5 shapes at one thread
+    (bench/conv3d_scratch.py, ZOO_FINDINGS.md); at depth 3 and more the direct kernel runs."""
+    column = int(x.shape[1]) * math.prod(weight.shape[2:]) * math.prod(grad_out.shape[3:])
+    return GEMM_3D_WEIGHT_COPIES * _nbytes(weight.shape) + column * F32 + GEMM_3D_ALIGN
+
+
+def _conv3d_path(x: torch.Tensor, groups: int, mask: Any) -> str | None:
+    """ "gemm" (modelled), "other" (a 3-D call no formula here knows) or None (not 3-D)."""
+    if x.dim() != 5 or not mask[1]:
+        return None
+    batch, depth = int(x.shape[0]), int(x.shape[2])
+    if batch >= 2 and depth > GEMM_3D_MAX_DEPTH:
+        return None  # the direct kernel, modelled as the 2-D ones
+    if batch >= 2 and groups == 1 and not mask[2]:
+        return "gemm"
+    return "other"  # batch 1 (a whole im2col), groups or a bias gradient: not measured
 
 
 def _depthwise(weight: torch.Tensor, groups: int) -> bool:
@@ -201,9 +229,14 @@ def _backward(args: tuple, kwargs: dict, out: Any) -> KernelMemory | None:
     if _pointwise(weight, stride, padding):
         return KernelMemory()
     strided = any(s > 1 for s in stride)
+    path = _conv3d_path(x, groups, mask)
+    if path == "gemm":
+        scratch = conv3d_gemm_weights_scratch(x, weight, grad_out)
+        return KernelMemory(scratch, partial=torch.get_num_threads() > 1)
     if _layout(x) == "nhwc":
         scratch = nhwc_backward_scratch(x, weight, groups, mask)
         return KernelMemory(scratch, partial=strided or torch.get_num_threads() > 1)
     scratch = conv_backward_scratch(grad_out, x, weight, groups, strided, mask)
     threads = mask[1] and torch.get_num_threads() > 1  # per-thread weight-gradient buffers
-    return KernelMemory(scratch, partial=_gemm_possible(weight, dilation) or threads)
+    unknown = _gemm_possible(weight, dilation) or threads or path == "other"
+    return KernelMemory(scratch, partial=unknown)

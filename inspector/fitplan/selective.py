@@ -10,8 +10,7 @@ then depends on its ops, not on its module boundaries.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
 
@@ -22,6 +21,8 @@ from torch.utils.checkpoint import (
     checkpoint,
     create_selective_checkpoint_contexts,
 )
+
+from inspector.memory.checkpointing import forwards_wrapped
 
 __all__ = ["selective", "SAVED_OPS", "SNIPPET"]
 
@@ -48,19 +49,9 @@ def _selective(forward: Any) -> Any:
     return run
 
 
-@contextmanager
-def selective(model: nn.Module, paths: list[str]) -> Iterator[None]:
+def selective(model: nn.Module, paths: list[str]) -> AbstractContextManager[None]:
     """Within the block, the modules at `paths` keep only their matmul outputs."""
-    wrapped = []
-    for path in paths:
-        module = model.get_submodule(path)
-        module.forward = _selective(module.forward)  # an instance attribute: undone below
-        wrapped.append(module)
-    try:
-        yield
-    finally:
-        for module in wrapped:
-            del module.forward
+    return forwards_wrapped(model, paths, _selective)
 
 
 SNIPPET = """import functools

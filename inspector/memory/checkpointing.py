@@ -9,8 +9,8 @@ same predicted saving (the layers of a transformer) are checked once, on the fir
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,22 +20,29 @@ from torch.utils.checkpoint import checkpoint
 from inspector.memory.analysis import Analysis, fb_peak, rerun
 from inspector.memory.step import TrainResult
 
-__all__ = ["checkpointed", "CheckpointRun", "run_checkpointed"]
+__all__ = ["checkpointed", "CheckpointRun", "forwards_wrapped", "run_checkpointed"]
 
 
 @contextmanager
-def checkpointed(model: nn.Module, paths: list[str]) -> Iterator[None]:
-    """Within the block, the modules at `paths` recompute their activations in backward."""
+def forwards_wrapped(
+    model: nn.Module, paths: list[str], wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
+) -> Iterator[None]:
+    """Within the block, the modules at `paths` run `wrap(their forward)`."""
     wrapped = []
     for path in paths:
         module = model.get_submodule(path)
-        module.forward = _checkpointing(module.forward)  # an instance attribute: undone below
+        module.forward = wrap(module.forward)  # an instance attribute: undone below
         wrapped.append(module)
     try:
         yield
     finally:
         for module in wrapped:
             del module.forward
+
+
+def checkpointed(model: nn.Module, paths: list[str]) -> AbstractContextManager[None]:
+    """Within the block, the modules at `paths` recompute their activations in backward."""
+    return forwards_wrapped(model, paths, _checkpointing)
 
 
 def _checkpointing(forward: Any) -> Any:

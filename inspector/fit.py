@@ -21,6 +21,7 @@ from inspector.context import Inputs
 from inspector.errors import FakeModeLimit, InputMismatchError, UserCodeError, UserError
 from inspector.fakekernels import refusal_message
 from inspector.loaders.usercode import user_code_error
+from inspector.realcopy import needs_values
 from inspector.tracebacks import is_user_file, user_location
 
 __all__ = ["check_inputs_fit", "describe_tensors", "expectation"]
@@ -111,13 +112,8 @@ def _restore(model: nn.Module, saved: dict[str, torch.Tensor]) -> None:
 def _fake_only(exc: BaseException) -> bool:
     from torch._subclasses import fake_tensor as ft
 
-    kinds = (
-        ft.DataDependentOutputException,
-        ft.DynamicOutputShapeException,
-        ft.UnsupportedOperatorException,
-        ft.UnsupportedFakeTensorException,
-    )
-    return isinstance(exc, kinds) or type(exc).__name__ == "GuardOnDataDependentSymNode"
+    unsupported = (ft.UnsupportedOperatorException, ft.UnsupportedFakeTensorException)
+    return needs_values(exc) or isinstance(exc, unsupported)
 
 
 # Mismatch errors raised by torch ops mention sizes, shapes, dtypes or indices.

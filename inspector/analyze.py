@@ -20,6 +20,7 @@ from inspector.inputspec import parse_input
 from inspector.isolation import isolation_mode, run_passes
 from inspector.loaders.compiled import compiled_note, unwrap_compiled
 from inspector.loaders.load import load_model
+from inspector.memory.namedblocks import match_blocks, named_blocks
 from inspector.passes import PASSES, runs_model
 from inspector.progress import StagePlan
 from inspector.realcopy import needs_values, real_copy_decision
@@ -91,6 +92,8 @@ def inspect_model(
     report.meta.entrypoint = loaded.entrypoint
     report.meta.input_spec = factory.spec
     report.meta.dims = dict(inputs.dims)
+    if options.blocks:  # a pattern that matches nothing is the user's error, before any pass
+        match_blocks(loaded.model, tuple(options.blocks))
 
     ctx = Context(loaded, factory, inputs, options, report, fake_mode=fake_mode)
     notify("capture", plan.percent("capture"))
@@ -100,7 +103,8 @@ def inspect_model(
     report.capture.attempts = ctx.capture.attempts
     report.capture.eval_mode = ctx.capture.eval_mode
 
-    _run_passes(ctx, notify, plan)
+    with named_blocks(options.blocks):
+        _run_passes(ctx, notify, plan)
     notify("done", 100)
     return ctx.report
 
@@ -182,6 +186,7 @@ def _meta(model: str, input: str | None, options: Options) -> Meta:
             "budgets_bytes": options.budgets_bytes,
             "seed": options.seed,
             "compile": options.compile,
+            **({"blocks": list(options.blocks)} if options.blocks else {}),
         },
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     )

@@ -185,6 +185,16 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
         help="with --fit: the effective batch per optimizer step the plan keeps "
         "(default: the input's batch)",
     )
+    p.add_argument(
+        "--blocks",
+        action="append",
+        type=_blocks,
+        default=[],
+        metavar="PATTERNS",
+        help="the model's blocks, for checkpointing advice, fit plans and FSDP/TP units: "
+        "module classes or path globs, comma-separated (LlamaDecoderLayer, layers.*); "
+        "default: the model's repeated layers",
+    )
     p.set_defaults(func=_cmd_inspect)
 
 
@@ -193,6 +203,15 @@ def _fit_budget(text: str) -> int:
 
     try:
         return fit_budget(text)
+    except OptionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _blocks(text: str) -> list[str]:
+    from inspector.schema.options import OptionError, block_patterns
+
+    try:
+        return block_patterns(text)
     except OptionError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -309,6 +328,7 @@ def _options(args: argparse.Namespace) -> Options:
         parallel=list(args.parallel),
         fit_bytes=args.fit,
         fit_batch=args.batch,
+        blocks=[p for patterns in args.blocks for p in patterns],
     )
 
 

@@ -49,6 +49,7 @@ class Options:
     parallel: list[str] = field(default_factory=list)  # --parallel plans (schema/parallel.py)
     fit_bytes: int | None = None  # --fit BUDGET: search the cheapest changes that fit it
     fit_batch: int | None = None  # --batch B: effective batch the plan keeps (None: the input's)
+    blocks: list[str] = field(default_factory=list)  # --blocks: classes or path globs (none: found)
     # overrides of the health thresholds (inspector.health.thresholds.DEFAULTS)
     thresholds: dict[str, float] = field(default_factory=dict)
     # passes in forked children (a native crash costs one pass); None: where it is cheap

@@ -279,6 +279,10 @@ class Memory(_Model):
     # ops whose kernels allocate memory of their own that the estimate does not count
     # (cuDNN's run-time workspaces, kernels no formula in inspector/memory/kernels covers)
     unmodelled_kernel_ops: list[str] = Field(default_factory=list)
+    # the blocks advice, set-ups, fit plans and FSDP/TP units take: --blocks, else the
+    # model's own repeated layers; named_blocks: the --blocks patterns, when given
+    blocks: list[str] = Field(default_factory=list)
+    named_blocks: list[str] = Field(default_factory=list)
     advice: list[MemoryAdvice] = Field(default_factory=list)
     setups: list[SetupEstimate] = Field(default_factory=list)  # the same model, other set-ups
     fit_plan: FitPlan | None = None  # --fit BUDGET: the verified cheapest changes that fit

@@ -94,6 +94,8 @@ def _add_analysis(p: argparse.ArgumentParser) -> None:
                    help="the cheapest verified changes that fit BUDGET (24GiB)")  # fmt: skip
     p.add_argument("--batch", metavar="B",
                    help="with --fit: the effective batch the plan keeps")  # fmt: skip
+    p.add_argument("--blocks", metavar="PATTERNS",
+                   help="the model's blocks: module classes or path globs (layers.*)")  # fmt: skip
 
 
 def _add_gates(p: argparse.ArgumentParser) -> None:
@@ -221,6 +223,7 @@ def _form(args: argparse.Namespace) -> dict[str, Any]:
         "parallel": args.parallel or None,
         "fit": args.fit,
         "fit_batch": args.batch,
+        "blocks": args.blocks,
     }
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from torch import nn
 
+from inspector.memory.namedblocks import current_patterns, match_blocks
 from inspector.report import MemoryAdvice
 from inspector.units import format_bytes
 
@@ -69,7 +70,10 @@ def _visit(path: str, module: nn.Module, out: list[tuple[str, str]]) -> None:
 
 
 def blocks(model: nn.Module) -> list[tuple[str, str]]:
-    """(path, type) of the checkpointable blocks, in model order."""
+    """(path, type) of the checkpointable blocks, in model order: the ones the user named
+    with `--blocks` (inspector.memory.namedblocks), else the model's own."""
+    if patterns := current_patterns():
+        return match_blocks(model, patterns)
     out: list[tuple[str, str]] = []
     _visit("", model, out)
     return out or [(n, type(m).__name__) for n, m in model.named_children()]

@@ -17,6 +17,7 @@ from inspector.memory import advice, scaling, setups
 from inspector.memory.analysis import Analysis, analyse, batch_runs, fb_peak, rerun
 from inspector.memory.checkpointing import run_checkpointed
 from inspector.memory.measure import measure, relative_error
+from inspector.memory.namedblocks import current_patterns
 from inspector.memory.nodes import node_memory
 from inspector.memory.optimizer import optimizer_state_bytes
 from inspector.memory.shadow import fake_shadow
@@ -179,6 +180,8 @@ def _advice(ctx: Context, mem: Memory, a: Analysis) -> None:
     """Checkpointing and bf16 advice, each run on fake tensors and quoted as measured;
     advice that saves under 1% of the training-step peak is left out."""
     min_bytes = int(MEANINGFUL_SHARE * a.train.peak_bytes)
+    mem.blocks = [path for path, _ in advice.blocks(a.model) if path]
+    mem.named_blocks = list(current_patterns())
     savings = advice.block_savings(a.model, a.train.saved, a.train.module_outputs)
     checked, every = _check_checkpoints(ctx, a, savings)
     mem.advice = advice.checkpoint_advice(savings, checked, every, min_bytes)

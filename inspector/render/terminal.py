@@ -297,7 +297,16 @@ def _memory(report: Report) -> Group | None:
     if not lines:
         return None
     lines += _max_batch_lines(report)
+    lines += _block_lines(report.memory)
     return _grid("Memory", lines)
+
+
+def _block_lines(m: Memory) -> list[tuple[str, str]]:
+    """Only when the user named them: the model's own blocks are what people expect."""
+    if not m.named_blocks:
+        return []
+    span = m.blocks[0] + (f" ... {m.blocks[-1]}" if len(m.blocks) > 1 else "")
+    return [("Blocks", f"{len(m.blocks)} named by {', '.join(m.named_blocks)}: {span}")]
 
 
 def _dtypes(m: Memory) -> list[tuple[str, str | None]]:

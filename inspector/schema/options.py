@@ -31,6 +31,7 @@ __all__ = [
     "serving_choice",
     "fit_budget",
     "fit_batch",
+    "block_patterns",
 ]
 
 # Optimizer state in the memory figures; "none" means forward and backward only.
@@ -126,3 +127,18 @@ def fit_batch(value: str | int) -> int:
             "of samples >= 1 (e.g. --batch 64)"
         )
     return int(text)
+
+
+def block_patterns(value: str | list[str]) -> list[str]:
+    """`--blocks 'LlamaDecoderLayer, layers.*'` -> ['LlamaDecoderLayer', 'layers.*']: module
+    class names or globs over module paths (inspector.memory.namedblocks)."""
+    items = value if isinstance(value, list) else [value]
+    patterns = [p.strip() for item in items for p in str(item).split(",") if p.strip()]
+    if not patterns:
+        raise OptionError(
+            "blocks: name module classes or path globs, e.g. LlamaDecoderLayer or layers.*"
+        )
+    bad = [p for p in patterns if len(p) > 200 or not p.isprintable()]
+    if bad:
+        raise OptionError(f"blocks {bad[0]!r}: a class name or a path glob, at most 200 characters")
+    return patterns

@@ -187,6 +187,11 @@ def create_report(
     fit_batch: str | None = Form(
         None, description="with fit: the effective batch per optimizer step the plan keeps"
     ),
+    blocks: str | None = Form(
+        None,
+        description="the model's blocks (checkpointing, fit plans, FSDP/TP units): module "
+        "classes or path globs, comma-separated, e.g. LlamaDecoderLayer or layers.*",
+    ),
 ) -> CreatedReport:
     """Upload a model (and its input) to be inspected; returns the report's links."""
     settings: Settings = request.app.state.settings
@@ -196,7 +201,7 @@ def create_report(
     options = parse_options(
         optimizer=optimizer, dtype=dtype, device=device, fake=fake, budget=budget,
         default_device=settings.device, export=export, serving=serving, compile=compile,
-        parallel=parallel, fit=fit, fit_batch=fit_batch,
+        parallel=parallel, fit=fit, fit_batch=fit_batch, blocks=blocks,
     )  # fmt: skip
     with ExitStack() as stack:
         if preset:

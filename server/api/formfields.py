@@ -10,6 +10,7 @@ from inspector.schema.options import (
     DEFAULT_SERVING,
     OptionError,
     autocast_dtype,
+    block_patterns,
     compile_level,
     device_choice,
     export_level,
@@ -70,6 +71,7 @@ def parse_options(
     parallel: list[str] | None = None,
     fit: str | None = None,
     fit_batch: str | None = None,
+    blocks: str | None = None,
 ) -> dict[str, Any]:
     """The options the job child hands to `inspector.analyze` (names of `Options` fields)."""
     try:
@@ -83,6 +85,8 @@ def parse_options(
         }
         plans = _plans(parallel or [])
         chosen.update(_fit(fit, fit_batch))
+        if blocks and blocks.strip():  # absent when none, as for plans
+            chosen["blocks"] = block_patterns(blocks)
     except OptionError as exc:
         raise _invalid(str(exc)) from None
     if plans:  # absent when none: the options of uploads without plans stay as they were

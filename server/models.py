@@ -101,6 +101,9 @@ class Job(Base):
     input_sha256: Mapped[str | None] = mapped_column(String(64), index=True)
     input_filename: Mapped[str | None] = mapped_column(String(255))
     options: Mapped[dict] = mapped_column(JSONType, default=dict)
+    # what decides the report (server/resultkey.py); a done job's is reused by a repeat
+    result_key: Mapped[str | None] = mapped_column(String(64), index=True)
+    reused_from: Mapped[str | None] = mapped_column(String(32))  # the slug it was copied from
     report_json: Mapped[dict | None] = mapped_column(JSONType)
     # Summary columns, copied out of the report for listing, filtering and comparing.
     params: Mapped[int | None] = mapped_column(BigInteger)

@@ -26,7 +26,8 @@ _lock = threading.Lock()
 def recent_stage_seconds(session: Session, *, limit: int = RECENT_JOBS) -> dict[str, float]:
     """{stage: median seconds} over the last `limit` done reports that timed it."""
     timings = Job.report_json["meta"]["timings_s"]
-    query = select(timings).where(Job.status == "done").order_by(Job.finished_at.desc())
+    done = (Job.status == "done", Job.reused_from.is_(None))  # a reused report never ran
+    query = select(timings).where(*done).order_by(Job.finished_at.desc())
     seen: dict[str, list[float]] = {}
     for row in session.scalars(query.limit(limit)):
         for stage, value in (row or {}).items() if isinstance(row, dict) else ():

@@ -228,6 +228,14 @@ def test_the_child_runs_nicer_than_its_worker_and_the_watchdog_does_not(tmp_path
     assert os.sched_getscheduler(0) == os.SCHED_OTHER
 
 
+def test_the_kernel_kills_the_child_first_when_memory_runs_out(tmp_path):
+    code = "print(open('/proc/self/oom_score_adj').read().strip())"
+    done = run_py(tmp_path, code)
+    assert (done.status, done.stdout.strip()) == ("done", "1000")  # the worst score there is
+    with open("/proc/self/oom_score_adj") as f:
+        assert int(f.read()) < 1000  # and the worker's own is untouched
+
+
 def test_job_limits_take_the_priority_settings():
     from server.settings import Settings
 

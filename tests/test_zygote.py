@@ -105,6 +105,7 @@ say({{"uid": os.getuid(), "pid": os.getpid(), "cwd": os.getcwd(),
      "fds": sorted(int(f) for f in os.listdir("/proc/self/fd")),
      "init": [readable("/proc/1/" + f) for f in ("mem", "environ", "cwd/job.json")],
      "net": net, "unshare": unshare, "mount": mount, "writes": writes,
+     "oom": open("/proc/self/oom_score_adj").read().strip(),
      "env": sorted(os.environ)}})
 os._exit(0)
 """
@@ -127,6 +128,7 @@ os._exit(0)
     assert {writes[p] for p in writes if not p.endswith("ok")} <= {13, 30, 2}  # EACCES/EROFS
     assert not (tmp_path / "x").exists() and (job / "ok").read_text() == "x"
     assert "INSPECTOR_DATABASE_URL" not in seen["env"] and "HOME" in seen["env"]
+    assert seen["oom"] == "1000"  # out of memory, the kernel kills the job, not the worker
 
 
 def test_a_job_cannot_see_another_jobs_files_or_leftovers(zygote):

@@ -94,6 +94,11 @@ def _add_analysis(p: argparse.ArgumentParser) -> None:
                    help="the cheapest verified changes that fit BUDGET (24GiB)")  # fmt: skip
     p.add_argument("--batch", metavar="B",
                    help="with --fit: the effective batch the plan keeps")  # fmt: skip
+    p.add_argument(
+        "--rerun",
+        action="store_true",
+        help="run it again even if a done report has the same bytes and options",
+    )
     p.add_argument("--blocks", metavar="PATTERNS",
                    help="the model's blocks: module classes or path globs (layers.*)")  # fmt: skip
 
@@ -157,6 +162,9 @@ def submit(args: argparse.Namespace) -> int:
         baseline = _find_baseline(client, args.baseline) if args.baseline else None
         created = client.upload(model, inputs, _form(args))
         print(f"uploaded: {created['url']}", file=sys.stderr, flush=True)
+        if created.get("reused_from"):
+            print(f"note: same upload and options as report {created['reused_from']}: its "
+                  "result is reused (--rerun runs it again)", file=sys.stderr)  # fmt: skip
         if not args.wait:
             print(created["url"])
             return EXIT_OK
@@ -224,6 +232,7 @@ def _form(args: argparse.Namespace) -> dict[str, Any]:
         "fit": args.fit,
         "fit_batch": args.batch,
         "blocks": args.blocks,
+        "rerun": "true" if args.rerun else None,
     }
 
 

@@ -10,6 +10,7 @@ which refuses unshare and mount, so none of this can be undone by the code that 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import resource
@@ -56,6 +57,13 @@ def _prctl(option: int, arg: int = 0) -> int:
 def die_with_parent() -> None:
     """SIGKILL when the parent goes (the zygote, or the job's outer process)."""
     _check(_prctl(PR_SET_PDEATHSIG, signal.SIGKILL), "PR_SET_PDEATHSIG")
+
+
+def first_to_go_when_memory_runs_out(score: int = 1000) -> None:
+    """The kernel's OOM killer picks this process tree first (server.sandbox.limits'
+    OOM_SCORE_ADJ): the job, never the worker. Best effort: /proc may be read-only."""
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+        f.write(str(score))
 
 
 def undumpable() -> None:

@@ -117,6 +117,7 @@ def _outer(
     try:
         os.setsid()  # the worker ends the job with killpg
         confine.die_with_parent()
+        confine.first_to_go_when_memory_runs_out()  # inherited by its init and the job
         sock.detach()
         null = os.open("/dev/null", os.O_RDONLY)
         for target, fd in ((0, null), (1, fds[0]), (2, fds[1])):

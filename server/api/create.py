@@ -32,6 +32,7 @@ from server.api.schemas import CreatedReport, ErrorResponse
 from server.api.views import job_urls
 from server.auth import UPLOAD_AUTH_RESPONSES, UploaderDep
 from server.db import SessionDep
+from server.resultkey import result_key, reused_columns
 from server.settings import Settings
 from server.storage import Staged, TooLarge, UploadStore, iter_file
 
@@ -192,6 +193,11 @@ def create_report(
         description="the model's blocks (checkpointing, fit plans, FSDP/TP units): module "
         "classes or path globs, comma-separated, e.g. LlamaDecoderLayer or layers.*",
     ),
+    rerun: bool = Form(
+        False,
+        description="run it again even when a done report has the same model bytes, input "
+        "and options (by default that report's result is reused at once)",
+    ),
 ) -> CreatedReport:
     """Upload a model (and its input) to be inspected; returns the report's links."""
     settings: Settings = request.app.state.settings
@@ -218,19 +224,28 @@ def create_report(
                 session, sha256=item.staged.sha256, size_bytes=item.staged.size_bytes,
                 filename=item.filename, kind=item.kind,
             )  # fmt: skip
+    columns = {
+        "upload_sha256": upload.staged.sha256,
+        "upload_kind": upload.kind,
+        "entrypoint": entry,
+        "input_spec": input if input and input.strip() else None,
+        "input_sha256": tensors.staged.sha256 if tensors else None,
+        "options": options,
+    }
+    key = result_key(**columns)
+    source = None if rerun else queries.reusable_job(session, key)
     job = queries.add_job(
         session,
         tags=tag_dict,
         name=job_name,
-        upload_sha256=upload.staged.sha256,
         upload_filename=upload.filename,
-        upload_kind=upload.kind,
-        entrypoint=entry,
-        input_spec=input if input and input.strip() else None,
-        input_sha256=tensors.staged.sha256 if tensors else None,
         input_filename=tensors.filename if tensors else None,
-        options=options,
+        result_key=key,
+        **columns,
+        **(reused_columns(source) if source is not None else {}),
     )
     session.commit()
-    enqueue(job.id, settings)
-    return CreatedReport(slug=job.slug, status=job.status, **job_urls(request, job.slug))
+    if source is None:
+        enqueue(job.id, settings)
+    urls = job_urls(request, job.slug)
+    return CreatedReport(slug=job.slug, status=job.status, reused_from=job.reused_from, **urls)

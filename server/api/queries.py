@@ -155,11 +155,18 @@ def ensure_upload(
 
 
 def add_job(session: Session, *, tags: dict[str, str], **columns: Any) -> Job:
-    job = Job(status="queued", progress=0, attempts=0, **columns)
+    job = Job(**{"status": "queued", "progress": 0, "attempts": 0, **columns})
     job.tags = [Tag(key=k, value=v) for k, v in tags.items()]
     session.add(job)
     session.flush()
     return job
+
+
+def reusable_job(session: Session, key: str) -> Job | None:
+    """The newest done report with this result key (server/resultkey.py), if any."""
+    query = select(Job).where(Job.result_key == key, Job.status == "done")
+    query = query.where(Job.report_json.is_not(None)).order_by(Job.id.desc()).limit(1)
+    return session.scalar(query)
 
 
 def count_by_status(session: Session) -> dict[str, int]:

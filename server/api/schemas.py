@@ -11,6 +11,9 @@ from pydantic import BaseModel, Field
 class CreatedReport(BaseModel):
     slug: str
     status: str
+    reused_from: str | None = Field(
+        None, description="the done report whose result this one reuses (same bytes, options)"
+    )
     url: str = Field(description="the report page, for people")
     api_url: str = Field(description="this report in the API, for machines")
 
@@ -51,6 +54,9 @@ class ReportDetail(ReportRow):
     input_spec: str | None
     input_filename: str | None
     attempts: int
+    reused_from: str | None = Field(
+        None, description="the done report whose result this one reuses (same bytes, options)"
+    )
 
 
 class ReportList(BaseModel):

@@ -70,6 +70,7 @@ def detail(
         input_spec=job.input_spec,
         input_filename=job.input_filename,
         attempts=job.attempts,
+        reused_from=job.reused_from,
     )
 
 

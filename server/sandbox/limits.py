@@ -14,7 +14,10 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Limits", "priority_prefix", "prlimit_prefix", "address_space_bytes", "rlimit_values"]
+__all__ = [
+    "Limits", "priority_prefix", "prlimit_prefix", "address_space_bytes", "rlimit_values",
+    "OOM_SCORE_ADJ", "oom_first_prefix",
+]  # fmt: skip
 
 MiB = 1024**2
 GiB = 1024**3
@@ -57,6 +60,19 @@ class Limits:
 
 def address_space_bytes(limits: Limits) -> int:
     return max(limits.memory_bytes + ADDRESS_SPACE_HEADROOM_BYTES, MIN_ADDRESS_SPACE_BYTES)
+
+
+# When the machine runs out of memory, the kernel kills the process with the highest
+# oom_score: a job child (whose score grows with its memory) is made its first choice, so
+# an upload that exhausts memory ends itself, never the worker, the web server or whatever
+# else runs beside them. Raising one's own score needs no privilege; lowering it does.
+OOM_SCORE_ADJ = 1000
+
+
+def oom_first_prefix() -> list[str]:
+    """`sh -c 'echo 1000 > /proc/self/oom_score_adj; exec "$@"'`: inherited by the tree."""
+    script = f'echo {OOM_SCORE_ADJ} > /proc/self/oom_score_adj 2>/dev/null; exec "$@"'
+    return ["/bin/sh", "-c", script, "sh"]
 
 
 def priority_prefix(limits: Limits) -> list[str]:

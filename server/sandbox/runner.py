@@ -21,7 +21,7 @@ from pathlib import Path
 
 from server.sandbox.bwrap import JOB_MOUNT, bwrap_argv, child_env, inspector_root
 from server.sandbox.cgroup import JobCgroup
-from server.sandbox.limits import Limits, priority_prefix, prlimit_prefix
+from server.sandbox.limits import Limits, oom_first_prefix, priority_prefix, prlimit_prefix
 from server.sandbox.output import CappedStream
 from server.sandbox.procs import kill_tree, tree_usage
 from server.sandbox.seccomp import seccomp_fd
@@ -125,7 +125,7 @@ def _spawn_argv(argv, job_dir, limits, confined, readonly, gpu, fd, cgroup) -> l
     else:  # trusted-only mode: rlimits and the watchdog, but no namespaces
         real = [str(job_dir) if a == JOB_MOUNT else a for a in argv]
         inner = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in env.items()), *real]
-    full = [*priority_prefix(limits), *prlimit_prefix(limits), *inner]
+    full = [*oom_first_prefix(), *priority_prefix(limits), *prlimit_prefix(limits), *inner]
     if cgroup is not None:  # join the cgroup first, so every later fork is counted in it
         script = 'for f in "$@"; do case $f in --) break;; esac; echo $$ > "$f"; done; '
         script += 'while [ "$1" != "--" ]; do shift; done; shift; exec "$@"'

@@ -165,7 +165,8 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
         default=[],
         metavar="STRATEGY:N",
         help="per-rank training memory on N ranks: ddp:4, zero1:4, zero2:4, fsdp:8, "
-        "fsdp:8,reshard=false, fsdp:8,param_dtype=bf16, fsdp:8,checkpoint=true, tp:8, "
+        "fsdp:8,reshard=false, fsdp:8,param_dtype=bf16, fsdp:8,checkpoint=true, "
+        "fsdp:8,offload=true (CPU offload: GPU peak, host bytes apart), tp:8, "
         "tp:8,sp (sequence parallel), fsdp:8+tp:8 (2-D, 64 ranks); repeatable. The input "
         "is one rank's batch (a TP group's); the fewest GPUs per accelerator size come "
         "with each strategy",

@@ -448,7 +448,7 @@ class ParallelPlan(_Model):
     strategy: str  # ddp / zero1 / fsdp / tp / fsdp+tp
     spec: str  # the plan's normal form: "fsdp:8,reshard=false", "fsdp:8+tp:8,sp"
     world_size: int
-    per_rank_peak_bytes: int | None = None  # the heaviest rank's training-step peak
+    per_rank_peak_bytes: int | None = None  # the heaviest rank's training-step peak (GPU)
     heaviest_rank: int = 0
     peak_phase: str | None = None  # forward / backward / optimizer
     peak_where: str | None = None  # the module or autograd node running at the peak
@@ -460,6 +460,8 @@ class ParallelPlan(_Model):
     # DDP buckets; FSDP: largest unit's all-gather + reduce-scatter; TP: largest collective
     comm_bytes: int | None = None
     units: int | None = None  # FSDP: fully_shard units; DDP: gradient buckets; TP: split layers
+    # offload=true: host memory per rank (sharded params + grads + optimizer state)
+    host_bytes: int | None = None
     fits: dict[str, bool] = Field(default_factory=dict)  # {str(budget_bytes): fits}
     error: str | None = None  # why this plan has no figures
     notes: list[str] = Field(default_factory=list)  # e.g. what TP left replicated

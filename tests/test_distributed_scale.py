@@ -18,7 +18,8 @@ from inspector.memory.step import StepOptions
 from inspector.schema.parallel import parse_plan
 
 FIGURES = ("peak_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
-           "saved_activation_bytes", "comm_bytes", "units", "peak_phase", "peak_label")  # fmt: skip
+           "saved_activation_bytes", "comm_bytes", "units", "peak_phase", "peak_label",
+           "host_bytes")  # fmt: skip
 
 
 def deep_mlp(depth: int = 8) -> nn.Module:
@@ -43,7 +44,10 @@ def test_identical_blocks_and_cut() -> None:
     assert identical_blocks(model) is None  # one block differs: run it whole
 
 
-@pytest.mark.parametrize("plan", ["fsdp:2", "fsdp:3", "tp:2", "fsdp:2+tp:2"])
+@pytest.mark.parametrize(
+    "plan",
+    ["fsdp:2", "fsdp:3", "tp:2", "fsdp:2+tp:2", "fsdp:3,offload=true", "fsdp:2,offload=true+tp:2"],
+)
 def test_scaled_mlp_equals_the_full_run(plan: str) -> None:
     mode = new_fake_mode()
     inputs = fake_inputs(Inputs(args=(torch.randn(32, 64),)), mode)

@@ -5,6 +5,7 @@
 - `rankstep`: one tracked training step as one rank (local shards, gathered params).
 - `inflight`: the buffers a real process group holds past a collective's wait.
 - `fsdp`: FSDP2 (`fully_shard` per repeated block + root) run for real on fake tensors.
+- `offload`: FSDP2's CPU offload: the device's peak and the host's share, apart.
 - `ddp`: DistributedDataParallel: the one-process step plus its gradient buckets.
 - `zero`: ZeRO-1: DDP with `ZeroRedundancyOptimizer`, run in the fake world.
 - `zero2`: ZeRO-2: gradients reduce-scattered as autograd makes them, state sharded.

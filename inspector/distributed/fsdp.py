@@ -7,7 +7,8 @@ each block under non-reentrant activation checkpointing. The step is the memory
 pass's step (inspector.memory.step): optimizer state resident, forward, loss, backward,
 optimizer.step(), zero_grad(set_to_none=True). Everything FSDP2 allocates is an aten op
 the tracker sees (all-gather outputs, the reduce-scatter input and output, the copy-in
-buffers), except its storage resizes, which `storage_resizes` reports.
+buffers), except its storage resizes, which `storage_resizes` reports. `offload=true`
+adds FSDP2's CPUOffloadPolicy, whose device/host split is inspector.distributed.offload's.
 
 Heaviest rank: FSDP2 shards each parameter on dim 0 in chunks of ceil(dim0 / N) rows,
 rank 0 first, and pads every rank's shard to the full chunk. Ranks whose chunks are all
@@ -26,8 +27,8 @@ from torch import nn
 
 from inspector.context import Inputs
 from inspector.distributed.inflight import IN_FLIGHT, collectives_in_flight
+from inspector.distributed.offload import offload_policy, offloadable_step
 from inspector.distributed.rankmemory import RankMemory
-from inspector.distributed.rankstep import tracked_step
 from inspector.distributed.world import fake_world
 from inspector.memory.advice import blocks
 from inspector.memory.checkpointing import checkpointed
@@ -103,7 +104,7 @@ def fsdp_rank_memory(
         warm_up(optimizer, trainable)
         recompute = paths if spec.options.get("checkpoint") else []
         with collectives_in_flight(in_flight), checkpointed(shadow, recompute):
-            out = tracked_step(shadow, inputs, opts, optimizer, trainable)
+            out = offloadable_step(shadow, inputs, opts, optimizer, trainable, spec)
     out.strategy, out.world_size, out.rank = spec.text, spec.world_size, rank
     out.units = len(paths) + 1
     out.comm_bytes = _largest_unit_comm(shadow, paths, spec)
@@ -121,6 +122,8 @@ def shard_model(model: nn.Module, mesh: Any, spec: PlanSpec) -> list[str]:
     }
     if dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+    if spec.options.get("offload"):
+        kwargs["offload_policy"] = offload_policy()
     paths = shard_units(model)
     for path in paths:
         fully_shard(model.get_submodule(path), **kwargs)

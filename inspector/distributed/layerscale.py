@@ -28,7 +28,7 @@ __all__ = ["identical_blocks", "cut_to", "scaled", "SHORT_DEPTHS", "SCALE_FROM"]
 SHORT_DEPTHS = (3, 4)  # past the first and last block's edge effects (prefetch, root)
 SCALE_FROM = 8  # fewer identical blocks: run them all
 _LINEAR = ("peak_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
-           "saved_activation_bytes")  # fmt: skip
+           "saved_activation_bytes", "host_bytes")  # fmt: skip
 
 
 def identical_blocks(model: nn.Module) -> tuple[str, int] | None:
@@ -97,20 +97,31 @@ def scaled(
     )
     out = replace(longer, **values, notes=[*longer.notes, note])
     out.units = longer.units + (depth - b) * (longer.units - short.units) // (b - a)
-    out.peak_label = _at_depth(longer.peak_label, parent, b, depth)
+    out.peak_label = _at_depth(short.peak_label, longer.peak_label, parent, (a, b), depth)
     return out
 
 
 def _kind(label: str | None) -> str | None:
-    """A module label without its block index: where in a block the peak is."""
-    return re.sub(r"\.\d+(\.|$)", r".*\1", label) if label else label
+    """A module label without its block index: where in a block the peak is (a root-level
+    stack's labels start with it: `2.2`)."""
+    return re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", label) if label else label
 
 
-def _at_depth(label: str | None, parent: str, b: int, depth: int) -> str | None:
-    """The last block's label at depth b, renamed to the last block at full depth."""
-    if not label or not parent:
+def _at_depth(
+    short: str | None, label: str | None, parent: str, depths: tuple[int, int], depth: int
+) -> str | None:
+    """The label at depth b renamed to full depth: a peak whose block moved with the depth
+    (the last block, or the one before it under CPU offload) keeps its distance from the
+    end; one that stayed (block 1) keeps its index."""
+    (a, b), head = depths, re.escape(f"{parent}." if parent else "")
+    found = [re.match(rf"{head}(\d+)(\.|$)", x or "") for x in (short, label)]
+    if not (found[0] and found[1]):
         return label
-    return label.replace(f"{parent}.{b - 1}", f"{parent}.{depth - 1}")
+    at_a, at_b = (int(m.group(1)) for m in found)
+    if at_b - at_a != b - a:
+        return label
+    end = found[1].end(1)
+    return f"{label[: found[1].start(1)]}{depth - (b - at_b)}{label[end:]}"
 
 
 def _gb(n: int) -> str:

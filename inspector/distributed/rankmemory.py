@@ -12,7 +12,7 @@ class RankMemory:
     strategy: str  # the plan's normal form, e.g. "fsdp:8,reshard=false"
     world_size: int
     rank: int  # the heaviest rank, the one these figures are for
-    peak_bytes: int
+    peak_bytes: int  # the accelerator's (under CPU offload the host's share is apart)
     peak_phase: str  # forward / backward / optimizer
     peak_label: str | None  # the module or autograd node running at the peak
     param_bytes: int  # resident: this rank's parameters (its shards under FSDP)
@@ -21,5 +21,6 @@ class RankMemory:
     input_bytes: int
     saved_activation_bytes: int  # saved for backward, gathered parameters left out
     comm_bytes: int  # DDP: its buckets; FSDP: the largest unit's all-gather + reduce-scatter
+    host_bytes: int = 0  # CPU offload: the shards, their gradients and optimizer state
     units: int = 1  # FSDP: fully_shard units (blocks + root); DDP: gradient buckets
     notes: list[str] = field(default_factory=list)

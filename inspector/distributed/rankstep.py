@@ -47,11 +47,13 @@ def tracked_step(
     trainable: list[nn.Parameter],
     resident_bytes: int = 0,
     state_of: torch.optim.Optimizer | None = None,
+    tracker: ShardTracker | None = None,
 ) -> RankMemory:
     """One tracked step as a rank; `resident_bytes` more are held throughout (DDP's
-    buckets), `state_of` holds the optimizer state (ZeRO's inner optimizer)."""
+    buckets), `state_of` holds the optimizer state (ZeRO's inner optimizer), `tracker`
+    counts it (CPU offload's counts the device apart from the host)."""
     state_of = state_of or optimizer
-    tracker = ShardTracker(round_to=opts.round_to)
+    tracker = tracker or ShardTracker(round_to=opts.round_to)
     tracker.live += resident_bytes
     params, buffers = _locals(list(model.parameters())), _locals(list(model.buffers()))
     tracker.add_all(params + buffers, "static", "(parameters)")

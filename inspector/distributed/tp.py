@@ -27,8 +27,8 @@ from torch import nn
 from inspector.context import Inputs
 from inspector.distributed.fsdp import distinct_ranks, shard_model
 from inspector.distributed.inflight import IN_FLIGHT, collectives_in_flight
+from inspector.distributed.offload import offloadable_step
 from inspector.distributed.rankmemory import RankMemory
-from inspector.distributed.rankstep import tracked_step
 from inspector.distributed.shardtracker import local
 from inspector.distributed.tpplan import tensor_parallel_plan
 from inspector.distributed.world import WorldBusy, forget_world
@@ -78,7 +78,7 @@ def tp_rank_memory(
         warm_up(optimizer, trainable)
         depth = IN_FLIGHT if paths else 0
         with collectives_in_flight(depth), checkpointed(shadow, recompute), _largest() as comm:
-            out = tracked_step(shadow, inputs, opts, optimizer, trainable)
+            out = offloadable_step(shadow, inputs, opts, optimizer, trainable, spec)
     out.strategy, out.world_size, out.rank = spec.text, spec.world_size, rank
     out.comm_bytes = comm.bytes
     out.units = len(plan.sharded)

@@ -80,6 +80,7 @@ def _row(spec: PlanSpec, m: RankMemory, budgets: list[int]) -> ParallelPlan:
         saved_activation_bytes=m.saved_activation_bytes,
         comm_bytes=m.comm_bytes,
         units=m.units,
+        host_bytes=m.host_bytes if spec.options.get("offload") else None,
         fits={str(b): m.peak_bytes <= b for b in budgets},
         notes=list(m.notes),
     )

@@ -34,7 +34,9 @@ def distributed_section(report: Report) -> Group | None:
 
 def _plans(d: Distributed) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in _PLAN_COLUMNS:
+    host = any(p.host_bytes for p in d.plans)  # a column only where a plan offloads
+    names = [*_PLAN_COLUMNS[:-1], *(["Host (offload)"] if host else []), _PLAN_COLUMNS[-1]]
+    for name in names:
         table.add_column(name, justify="left" if name in ("Plan", "Peak in") else "right")
     for p in d.plans:
         if p.error:
@@ -49,6 +51,7 @@ def _plans(d: Distributed) -> Table:
             format_bytes(p.optimizer_bytes),
             format_bytes(p.saved_activation_bytes),
             format_bytes(p.comm_bytes),
+            *([format_bytes(p.host_bytes)] if host else []),
             Text(where),
         )
     return table

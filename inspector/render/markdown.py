@@ -141,9 +141,12 @@ def _distributed(report: Report, baseline: Report | None) -> str:
         return ""
     old = baseline.distributed if baseline is not None else None
     old_peaks = {p.spec: p.per_rank_peak_bytes for p in old.plans} if old else {}
+    old_host = {p.spec: p.host_bytes for p in old.plans} if old else {}
     old_gpus = {(g.strategy, g.budget_bytes): g.gpus for g in old.gpus_needed} if old else {}
     rows = [(f"Heaviest rank, `{escape_markdown(p.spec)}`", p.per_rank_peak_bytes,
              old_peaks.get(p.spec), format_bytes) for p in d.plans if not p.error]  # fmt: skip
+    rows += [(f"Host memory (CPU offload), `{escape_markdown(p.spec)}`", p.host_bytes,
+              old_host.get(p.spec), format_bytes) for p in d.plans if p.host_bytes]  # fmt: skip
     rows += [
         (f"GPUs needed, `{escape_markdown(g.strategy)}` on {budget_label(g.budget_bytes)}",
          g.gpus, old_gpus.get((g.strategy, g.budget_bytes)), _gpus)

@@ -9,6 +9,7 @@ form and the API read a plan spec the same way.
     fsdp:8,reshard=false           keep the gathered parameters from forward to backward
     fsdp:8,param_dtype=bf16        MixedPrecisionPolicy(param_dtype=bf16), grads reduced in it
     fsdp:8,checkpoint=true         activation checkpointing of every block, as torchtitan does
+    fsdp:8,offload=true            CPUOffloadPolicy: shards, grads, optimizer state on the host
     tp:8                           tensor parallel: parallelize_module, Colwise/Rowwise Linear
     tp:8,sp                        ... and sequence parallel norms (sharded on the sequence)
     fsdp:8+tp:8                    2-D: TP inside groups of 8, FSDP across 8 groups (64 ranks)
@@ -31,10 +32,10 @@ _KEYS = {
     "ddp": ("bucket_mb",),
     "zero1": ("bucket_mb",),
     "zero2": (),
-    "fsdp": ("reshard", "param_dtype", "checkpoint"),
+    "fsdp": ("reshard", "param_dtype", "checkpoint", "offload"),
     "tp": ("sp", "checkpoint"),
 }
-_FLAGS = ("reshard", "checkpoint", "sp")  # true/false options; a bare `sp` means sp=true
+_FLAGS = ("reshard", "checkpoint", "offload", "sp")  # true/false options; a bare `sp` means sp=true
 _TP_KEYS = ("sp",)  # the 2-D plan's options written after its `+tp:N` part
 
 
@@ -134,6 +135,7 @@ def _option(strategy: str, pair: str, text: str) -> tuple[str, str | int | bool]
     if key == "bucket_mb" and value.isdigit() and int(value) > 0:
         return key, int(value)
     expected = {"reshard": "true or false", "checkpoint": "true or false",
+                "offload": "true or false",
                 "sp": "true or false (or just `sp`)", "param_dtype": "bf16, fp16 or float32",
                 "bucket_mb": "a whole number of MB"}[key]  # fmt: skip
     raise OptionError(f"parallel plan {text!r}: {key} must be {expected}, not {value!r}")

@@ -1,11 +1,12 @@
 """Per-rank training memory, predicted from one process vs measured under torchrun (CPU,
 gloo), for DDP, ZeRO-1, ZeRO-2, FSDP2, tensor parallel and FSDP x TP; torch's FSDPMemTracker on the
-same model for comparison (FSDP on the MLP).
+same model for comparison (FSDP).
 
     .venv/bin/python bench/distributed.py                      # mlp, ddp + fsdp, 2 ranks, 3 runs
     .venv/bin/python bench/distributed.py --nproc 4 --runs 5
     .venv/bin/python bench/distributed.py --plans zero1 fsdp,reshard=false --json out.json
     .venv/bin/python bench/distributed.py --model llama --plans tp tp,sp --runs 2
+    .venv/bin/python bench/distributed.py --model gpt2 --plans ddp fsdp --runs 2
     .venv/bin/python bench/distributed.py --nproc 4 --plans fsdp:2+tp:2 --runs 2
 
 Each run is a fresh `torchrun --standalone` of this file in `--worker` mode: every rank
@@ -65,25 +66,34 @@ def loss_of(out: Any) -> torch.Tensor:
 LLAMA = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
          "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 4096,
          "tie_word_embeddings": False}  # fmt: skip
-LLAMA_BATCH, LLAMA_SEQ = 4, 128
+GPT2 = {"n_layer": 4, "n_embd": 256, "n_head": 8, "vocab_size": 4096, "n_positions": 256,
+        "bos_token_id": 0, "eos_token_id": 0}  # fmt: skip
+LM_BATCH, LM_SEQ = 4, 128  # both language models
+MODELS = ("mlp", "llama", "gpt2")
 
 
 def make_model(name: str) -> nn.Module:
-    """`mlp` (the issue's) or `llama`: a small Llama built from LLAMA in code, no hub."""
+    """`mlp` (the issue's), `llama` or `gpt2`: small language models built from LLAMA and
+    GPT2 in code (transformers' default init), never fetched from a hub."""
     if name == "mlp":
         return make_mlp()
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     import inspector.compat  # noqa: F401 - transformers imports beside this torchvision
+
+    if name == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        return GPT2LMHeadModel(GPT2Config(**GPT2))
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     return LlamaForCausalLM(LlamaConfig(**LLAMA))
 
 
 def model_inputs(name: str) -> tuple[tuple, dict]:
-    """(args, kwargs) of one rank's batch."""
+    """(args, kwargs) of one rank's batch; the language models take HF's own loss."""
     if name == "mlp":
         return (mlp_input(),), {}
-    ids = torch.randint(0, LLAMA["vocab_size"], (LLAMA_BATCH, LLAMA_SEQ))
+    vocab = (GPT2 if name == "gpt2" else LLAMA)["vocab_size"]
+    ids = torch.randint(0, vocab, (LM_BATCH, LM_SEQ))
     return (), {"input_ids": ids, "labels": ids}
 
 
@@ -276,12 +286,9 @@ def predict(plan: str, model_name: str = "mlp") -> dict[str, Any]:
     elif spec.strategy in ("tp", "fsdp+tp"):
         ours = fsdp_tp_heaviest(model, inputs, opts, spec)
         tracker = None
-    elif model_name != "mlp":
-        ours = fsdp_heaviest(model, inputs, opts, spec)
-        tracker = None
     else:
         ours = fsdp_heaviest(model, inputs, opts, spec)
-        tracker = fsdp_mem_tracker_peak(spec)
+        tracker = fsdp_mem_tracker_peak(spec, model_name)
     return {
         "ours": ours.peak_bytes,
         "ours_s": round(time.perf_counter() - start, 2),
@@ -289,8 +296,9 @@ def predict(plan: str, model_name: str = "mlp") -> dict[str, Any]:
     }
 
 
-def fsdp_mem_tracker_peak(spec: Any) -> int:
-    """torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker's peak of a steady step."""
+def fsdp_mem_tracker_peak(spec: Any, model_name: str = "mlp") -> int:
+    """torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker's peak of a steady step,
+    the model built and run on fake tensors, wrapped as the real ranks wrap it."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
@@ -298,16 +306,16 @@ def fsdp_mem_tracker_peak(spec: Any) -> int:
     from inspector.distributed.world import fake_world
 
     with fake_world(spec.world_size) as mesh, FakeTensorMode():
-        model = make_mlp()
+        model = make_model(model_name)
         paths = shard_model(model, mesh, spec)
         if spec.options.get("checkpoint"):
             from inspector.memory.checkpointing import checkpointed
 
             checkpointed(model, paths).__enter__()  # a model of this call only
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        x = ((mlp_input(),), {})
+        x = model_inputs(model_name)
         tracker = FSDPMemTracker(model, optimizer)
-        tracker.track_inputs(x[0])
+        tracker.track_inputs((*x[0], *x[1].values()))
         with tracker:
             for i in range(2):
                 _step(model, optimizer, x)
@@ -415,7 +423,7 @@ def gpus_needed(preset: str, plan: str, budgets: list[int], dims: dict[str, int]
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--worker", nargs=3, metavar=("PLAN", "DIR", "MODEL"))
-    p.add_argument("--model", choices=("mlp", "llama"), default="mlp")
+    p.add_argument("--model", choices=MODELS, default="mlp")
     p.add_argument("--plans", nargs="+", default=["ddp", "fsdp"], metavar="PLAN")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--runs", type=int, default=3)

@@ -1,6 +1,7 @@
 """The per-rank prediction against real runs: bench/distributed.py under torchrun on the
-CPU (gloo, 2 ranks), the issue's 4-block MLP and (tensor parallel with sequence parallel)
-a small Llama built in code; each torchrun is bounded by the bench's 300 s timeout.
+CPU (gloo, 2 ranks), the issue's 4-block MLP, a small Llama built in code (tensor parallel
+with sequence parallel) and a small GPT-2 built in code (FSDP2); each torchrun is bounded
+by the bench's 300 s timeout.
 Target: the predicted heaviest rank never under the largest measured steady-state peak
 by more than 3%, nor over it by 25%."""
 
@@ -25,7 +26,7 @@ def _bench():  # noqa: ANN202 - the bench script as a module
 @pytest.mark.parametrize(
     ("plan", "runs", "model"),
     [("ddp:2", 1, "mlp"), ("zero1:2", 1, "mlp"), ("fsdp:2", 2, "mlp"), ("zero2:2", 1, "mlp"),
-     ("tp:2", 1, "mlp"), ("tp:2,sp", 1, "llama")],
+     ("tp:2", 1, "mlp"), ("tp:2,sp", 1, "llama"), ("fsdp:2", 1, "gpt2")],
 )  # fmt: skip
 def test_prediction_against_torchrun(plan: str, runs: int, model: str) -> None:
     result = _bench().compare(plan, nproc=2, runs=runs, model=model)

@@ -52,3 +52,15 @@ def test_shadow_of_a_real_model_fakes_its_attributes() -> None:
     shadow = fake_shadow(model, mode)
     assert all(isinstance(t, FakeTensor) for t in shadow.cell_anchors)
     assert model.cell_anchors[1].sum().item() == 8.0  # the user's tensors are untouched
+
+
+def test_a_tensor_given_twice_stays_one_fake_tensor() -> None:
+    """HF's `{"input_ids": ids, "labels": ids}`: one tensor in memory, so one fake."""
+    from inspector.context import Inputs
+    from inspector.memory.shadow import fake_inputs, new_fake_mode
+
+    ids, other = torch.zeros(4, 128, dtype=torch.long), torch.zeros(4, 128, dtype=torch.long)
+    fake = fake_inputs(Inputs(args=(ids,), kwargs={"labels": ids, "mask": other}), new_fake_mode())
+    assert fake.kwargs["labels"] is fake.args[0] and fake.kwargs["mask"] is not fake.args[0]
+    distinct = {id(t): t for t in fake.tensors()}.values()
+    assert sum(t.numel() * t.element_size() for t in distinct) == 2 * 4 * 128 * 8  # 8,192 B

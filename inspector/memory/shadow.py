@@ -64,10 +64,16 @@ _MODULE_TABLES = frozenset({"_parameters", "_buffers", "_modules"})
 
 
 def fake_inputs(inputs: Inputs, fake_mode: Any) -> Inputs:
-    """The inputs as fresh fake tensors (values do not matter to memory)."""
+    """The inputs as fresh fake tensors (values do not matter to memory). A tensor given
+    twice (`input_ids` as `labels` too) stays one tensor, as it is in memory."""
+    made: dict[int, torch.Tensor] = {}
 
     def convert(x: Any) -> Any:
-        return _fake_like(x, fake_mode) if isinstance(x, torch.Tensor) else x
+        if not isinstance(x, torch.Tensor):
+            return x
+        if id(x) not in made:
+            made[id(x)] = _fake_like(x, fake_mode)
+        return made[id(x)]
 
     return Inputs(tree_map(convert, inputs.args), tree_map(convert, inputs.kwargs), inputs.dims)
 

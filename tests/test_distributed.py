@@ -238,3 +238,24 @@ def test_zero2_shards_gradients_and_state(fake) -> None:
     three = zero2_rank_memory(model, inputs, opts, parse_plan("zero2:3"))
     chunks = 4 * (2 * -(-262_144 // 3) + -(-1024 // 3) + -(-256 // 3))
     assert three.grad_bytes == chunks * 4
+
+
+def test_fsdp_warnings_meant_for_its_users_stay_out_of_the_report_run(fake) -> None:
+    """FSDP2 warns when the wrapped model returns a view (HF's causal LMs do): advice for
+    people training with it, not for someone asking for a figure."""
+    import warnings
+
+    class ViewOut(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = mlp()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x)[:, :128]  # a view of the last block's output
+
+    _, inputs, opts = fake
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        m = fsdp_rank_memory(ViewOut(), inputs, opts, parse_plan("fsdp:2"))
+    assert m.units == 5
+    assert not [w for w in seen if "FSDP2-wrapped module" in str(w.message)]

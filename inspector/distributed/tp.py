@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from inspector.context import Inputs
@@ -31,7 +30,7 @@ from inspector.distributed.offload import offloadable_step
 from inspector.distributed.rankmemory import RankMemory
 from inspector.distributed.shardtracker import local
 from inspector.distributed.tpplan import tensor_parallel_plan
-from inspector.distributed.world import WorldBusy, forget_world
+from inspector.distributed.world import fake_world
 from inspector.memory.checkpointing import checkpointed
 from inspector.memory.optimizer import make_optimizer
 from inspector.memory.shadow import fake_shadow
@@ -45,16 +44,8 @@ __all__ = ["tp_rank_memory", "fsdp_tp_heaviest", "fake_mesh_2d"]
 def fake_mesh_2d(dp: int, tp: int, rank: int = 0) -> Iterator[Any]:
     """A ("dp", "tp") CPU mesh over a fake group of dp * tp ranks; TP groups are
     consecutive ranks (rank = dp_index * tp + tp_index), as torchtitan lays them out."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        raise WorldBusy("a process group is already initialized in this process")
-    dist.init_process_group("fake", rank=rank, world_size=dp * tp, store=FakeStore())
-    try:
-        yield init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
-    finally:
-        forget_world()
+    with fake_world(dp * tp, rank, (dp, tp), ("dp", "tp")) as mesh:
+        yield mesh
 
 
 def tp_rank_memory(

@@ -7,6 +7,7 @@ mesh must be made outside FakeTensorMode (it builds real tensors of rank ids).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,8 +23,14 @@ class WorldBusy(RuntimeError):
 
 
 @contextmanager
-def fake_world(world_size: int, rank: int = 0) -> Iterator[Any]:
-    """A 1-D CPU device mesh over a fake default group of `world_size` ranks."""
+def fake_world(
+    world_size: int,
+    rank: int = 0,
+    shape: tuple[int, ...] | None = None,
+    names: tuple[str, ...] | None = None,
+) -> Iterator[Any]:
+    """A CPU device mesh over a fake default group of `world_size` ranks: 1-D, or of
+    `shape` with dims `names` (a 2-D ("dp", "tp") mesh)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -31,7 +38,11 @@ def fake_world(world_size: int, rank: int = 0) -> Iterator[Any]:
         raise WorldBusy("a process group is already initialized in this process")
     dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
     try:
-        yield init_device_mesh("cpu", (world_size,))
+        with warnings.catch_warnings():
+            # FSDP2's advice to people who train with it, printed on every plan we run:
+            # the user asked for a figure, not for FSDP's run-time warnings
+            warnings.filterwarnings("ignore", message="FSDP2-wrapped module", category=UserWarning)
+            yield init_device_mesh("cpu", shape or (world_size,), mesh_dim_names=names)
     finally:
         forget_world()
 

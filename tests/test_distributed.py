@@ -259,3 +259,62 @@ def test_fsdp_warnings_meant_for_its_users_stay_out_of_the_report_run(fake) -> N
         m = fsdp_rank_memory(ViewOut(), inputs, opts, parse_plan("fsdp:2"))
     assert m.units == 5
     assert not [w for w in seen if "FSDP2-wrapped module" in str(w.message)]
+
+
+def test_fewest_gpus_agree_with_every_world_size_run_at_a_fraction_of_the_runs() -> None:
+    """Padded shards (whole rows a rank) and what grows with N (a heaviest rank that holds
+    more the more ranks there are): the answers are the first world size that fits of all
+    of 1..4,096 run, and each budget costs a few runs, not a walk or a doubling to 65,536."""
+    import math
+
+    gib = 2**30
+    budgets = [16 * gib, 24 * gib, 40 * gib, 48 * gib, 80 * gib, 141 * gib]
+    cases = [  # (does not shard, shards, rows of the widest parameter, bytes added a rank)
+        (42 * gib, 564e9, 8192, 0.0),  # Llama-3-70B-like, bf16 + AdamW
+        (42 * gib, 564e9, 8192, 30e6),
+        (30 * gib, 564e9, 1024, 60e6),
+        (10 * gib, 100e9, 28672, 5e6),
+    ]
+    for fixed, sharded, rows, drift in cases:
+
+        def peak(n: int, fixed=fixed, sharded=sharded, rows=rows, drift=drift) -> int:
+            return int(fixed + sharded * math.ceil(rows / n) / rows + drift * n)
+
+        runs: list[int] = []
+
+        def counted(n: int, runs=runs, peak=peak) -> int:
+            runs.append(n)
+            return peak(n)
+
+        got = fewest_gpus(counted, budgets, sharded=True)
+        every = [next((n for n in range(1, 4097) if peak(n) <= b), None) for b in budgets]
+        assert [c.gpus for c in got] == every, (fixed, sharded, rows, drift)
+        assert len(runs) == len(set(runs)) <= 16, runs  # no world size is run twice
+    # more ranks made it worse (168 over 84): the curve F + S / n + d n through the last
+    # three runs says where a dip under the budget is, or that there is none
+    from inspector.distributed.gpus import _dip
+
+    def curve(n: int) -> int:  # 1e9 + 1e12 / n + 1e8 n: lowest at 100 ranks, 2.1e10
+        return int(1e9 + 1e12 / n + 1e8 * n)
+
+    runs3 = {n: curve(n) for n in (50, 200, 400)}
+    # under 2.2e10: 1e8 n^2 - 2.1e10 n + 1e12 <= 0 from n = (210 - sqrt(4,100)) / 2 = 73
+    assert _dip(runs3, int(2.2e10)) == 73 and curve(73) <= 2.2e10 < curve(72)
+    assert _dip(runs3, int(2.0e10)) is None  # under the curve's lowest point: no fit
+
+
+def test_lazy_chunks_are_fsdps_chunks() -> None:
+    """Every chunk FSDP2 could read: the same shape, stride and offset as its own list."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
+
+    from inspector.distributed.lazychunks import LazyChunks
+
+    for rows, n in [(8192, 117), (1024, 116), (10, 4), (6, 4), (3, 8), (7, 7), (1, 1)]:
+        t = torch.empty(rows, 5)
+        eager, lazy = _chunk_with_empty(t, n, 0), LazyChunks(t, n, 0)
+        assert len(lazy) == len(eager) == n
+        for a, b in zip(eager, [lazy[i] for i in range(n)], strict=True):
+            assert (a.shape, a.stride(), a.storage_offset()) == (
+                b.shape, b.stride(), b.storage_offset()
+            ), (rows, n)  # fmt: skip
+        assert lazy[-1].shape == eager[-1].shape

@@ -12,6 +12,7 @@ until every budget is met or the heads no longer divide.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ __all__ = ["GpuCount", "fewest_gpus", "fewest_tp", "LINE_SIZES", "TP_SIZES"]
 
 LINE_SIZES = (8, 64)  # the two world sizes the FSDP line is drawn through
 TP_SIZES = (1, 2, 4, 8, 16, 32, 64)  # TP degrees tried: heads split in powers of two
-_TRIES = 4  # ranks added past the line's answer before giving up
+_SEARCH_RUNS = 8  # guesses along the lines through the runs before bisecting
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,8 @@ def fewest_gpus(
     line: tuple[int, int] = LINE_SIZES,
 ) -> list[GpuCount]:
     """`peak_at(n)`: the heaviest rank's peak at world size n (runs are cached); `line`:
-    the two world sizes the FSDP line goes through."""
+    the two world sizes the FSDP line is drawn through. Every budget's search uses every
+    run made so far (one budget's runs narrow the next one's)."""
     runs: dict[int, int] = {}
 
     def peak(n: int) -> int:
@@ -51,45 +53,136 @@ def fewest_gpus(
     lo, hi = line
     per_rank = (peak(lo) - peak(hi)) / (1 / lo - 1 / hi)  # sharded bytes, all ranks
     fixed = peak(hi) - per_rank / hi
-    if per_rank <= 0:  # more ranks do not help (e.g. 8 experts on dim 0 of 64 ranks)
-        return [_fewer_than(peak, b, lo) for b in budgets]
-    return [_smallest(peak, b, fixed, per_rank) for b in budgets]
+    if per_rank <= 0:  # more ranks do not help (e.g. 8 experts on dim 0 of 64 ranks):
+        # the answer is at most `lo`, searched below it as any other
+        return [_smallest(peak, runs, b, lo) if peak(lo) <= b else GpuCount(b, None, None)
+                for b in budgets]  # fmt: skip
+    return [_smallest(peak, runs, b, _guess(b, fixed, per_rank)) for b in budgets]
 
 
-def _fewer_than(peak: Callable[[int], int], budget: int, n: int) -> GpuCount:
-    """The heaviest rank grows past `n` ranks: the answer is at most n, or none."""
-    if peak(n) > budget:
-        return GpuCount(budget, None, None)
-    while n > 1 and peak(n - 1) <= budget:
-        n -= 1
-    return GpuCount(budget, n, peak(n))
+def _guess(budget: int, fixed: float, sharded: float) -> int | None:
+    """Where the line fixed + sharded / n meets the budget; None: it never does."""
+    return None if budget <= fixed else _clamp(-int(-sharded // (budget - fixed)))
 
 
-def _smallest(peak: Callable[[int], int], budget: int, fixed: float, sharded: float) -> GpuCount:
-    if budget <= fixed:
-        return GpuCount(budget, None, None)
-    n = max(1, min(MAX_WORLD_SIZE, -int(-sharded // (budget - fixed))))
-    for _ in range(_TRIES):  # the line is a guide: the runs decide
-        if peak(n) <= budget:
-            while n > 1 and peak(n - 1) <= budget:
-                n -= 1
+def _smallest(
+    peak: Callable[[int], int], runs: dict[int, int], budget: int, guess: int | None
+) -> GpuCount:
+    """The fewest ranks that fit by measurement: n fits and n - 1 does not. The line's
+    guess is run first; while it misses, the next guess is the line through the two runs
+    nearest the budget on either side (the runs bracket the answer and the bracket only
+    shrinks), so a line that is off by a few percent costs a run or two, not a walk."""
+    n = guess
+    for _ in range(_SEARCH_RUNS):
+        if n is None:
+            return GpuCount(budget, None, None)
+        if peak(n) <= budget and (n == 1 or peak(n - 1) > budget):
             return GpuCount(budget, n, peak(n))
-        n += 1
-    return _doubling(peak, budget, n - 1)
+        n = _next_guess(runs, budget)
+    return _bisect(peak, runs, budget)
 
 
-def _doubling(peak: Callable[[int], int], budget: int, over: int) -> GpuCount:
-    """The line promised too much (what does not shard grows with N, e.g. a gathered
-    unit's padding): double from `over` (too few) until a size fits, then bisect."""
-    n = over
-    while peak(n) > budget:
+def _next_guess(runs: dict[int, int], budget: int) -> int | None:
+    """Where the line through the runs around the budget crosses it; None when even the
+    most ranks there are do not fit and more would not help."""
+    fit = [n for n, p in runs.items() if p <= budget]
+    if not fit:  # all over: extrapolate from the most ranks and a run well below them
+        spread = _spread(runs)
+        b = spread[-1]
+        if b >= MAX_WORLD_SIZE or len(spread) < 2:
+            return None if b >= MAX_WORLD_SIZE else _clamp(2 * b)
+        a = spread[-2]
+        if runs[b] >= runs[a]:  # more ranks made it worse: what grows with N may dip between
+            return _dip({n: runs[n] for n in spread[-3:]}, budget)
+        guess = _crossing(a, runs[a], b, runs[b], budget) or 2 * b
+        # near the last run the padding of uneven shards moves the peak more than the
+        # line can say: walk one rank at a time there
+        return _clamp(b + 1 if guess <= b + max(2, b // 32) else guess)
+    hi = min(fit)
+    over = [n for n, p in runs.items() if p > budget and n < hi]
+    if not over:  # all fit: extrapolate down from the two runs with the fewest ranks
+        a, b = sorted(runs)[:2]
+        guess = _crossing(a, runs[a], b, runs[b], budget) or 1
+        return max(1, min(hi - 1, guess))
+    lo = max(over)
+    if hi - lo == 1:
+        return hi  # bracketed: hi fits and hi - 1 does not
+    guess = _crossing(lo, runs[lo], hi, runs[hi], budget) or hi
+    return min(hi, max(lo + 1, guess))
+
+
+def _spread(runs: dict[int, int]) -> list[int]:
+    """The world sizes run, from the most down, each at most 2/3 of the one after it (in
+    increasing order): points far enough apart that padding does not swamp their line."""
+    picked: list[int] = []
+    for n in sorted(runs, reverse=True):
+        if not picked or n * 3 <= picked[-1] * 2:
+            picked.append(n)
+    return picked[::-1]
+
+
+def _dip(runs: dict[int, int], budget: int) -> int | None:
+    """peak = F + S / n + d * n through three runs (something that does not shard grows
+    with n): the smallest n under the budget if its minimum is, else None (no world size
+    fits)."""
+    if len(runs) < 3:
+        return None
+    points = sorted(runs.items())[-3:]
+    (x1, y1), (x2, y2), (x3, y3) = points
+    # y = F + S u + d x with u = 1 / x: solve the 3 x 3 system by elimination
+    u1, u2, u3 = 1 / x1, 1 / x2, 1 / x3
+    det = (u2 - u1) * (x3 - x1) - (u3 - u1) * (x2 - x1)
+    if det == 0:
+        return None
+    s = ((y2 - y1) * (x3 - x1) - (y3 - y1) * (x2 - x1)) / det
+    d = ((u2 - u1) * (y3 - y1) - (u3 - u1) * (y2 - y1)) / det
+    f = y1 - s * u1 - d * x1
+    if s <= 0 or d <= 0 or f + 2 * math.sqrt(s * d) > budget:
+        return None
+    room = budget - f  # d n^2 - room n + s <= 0 between the roots: the smaller one
+    n = _clamp(math.ceil((room - math.sqrt(room * room - 4 * d * s)) / (2 * d)))
+    return None if n in runs and runs[n] > budget else n
+
+
+def _crossing(a: int, pa: int, b: int, pb: int, budget: int) -> int | None:
+    """The smallest n >= 1 with fixed + sharded / n <= budget on the line through (a, pa)
+    and (b, pb) in 1/n; None when that line never comes under the budget."""
+    if a == b:
+        return None
+    sharded = (pa - pb) / (1 / a - 1 / b)
+    fixed = pb - sharded / b
+    if sharded <= 0 or budget <= fixed:
+        return None
+    return _clamp(-int(-sharded // (budget - fixed)))
+
+
+def _bisect(peak: Callable[[int], int], runs: dict[int, int], budget: int) -> GpuCount:
+    """The guarantee behind the guesses: bisect the bracket the runs give (doubling past
+    the most ranks run until one fits)."""
+    n = max(runs)
+    over = (
+        max(n for n, p in runs.items() if p > budget)
+        if any(p > budget for p in runs.values())
+        else 0
+    )
+    fit = [k for k, p in runs.items() if p <= budget and k > over]
+    hi = min(fit) if fit else None
+    while hi is None:
         if n >= MAX_WORLD_SIZE:
             return GpuCount(budget, None, None)
-        over, n = n, min(2 * n, MAX_WORLD_SIZE)
-    while n - over > 1:
-        mid = (n + over) // 2
-        over, n = (over, mid) if peak(mid) <= budget else (mid, n)
-    return GpuCount(budget, n, peak(n))
+        n = _clamp(2 * n)
+        if peak(n) <= budget:
+            hi = n
+        else:
+            over = n
+    while hi - over > 1:
+        mid = (hi + over) // 2
+        over, hi = (over, mid) if peak(mid) <= budget else (mid, hi)
+    return GpuCount(budget, hi, peak(hi))
+
+
+def _clamp(n: int) -> int:
+    return max(1, min(MAX_WORLD_SIZE, n))
 
 
 def fewest_tp(

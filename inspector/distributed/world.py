@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from inspector.distributed.lazychunks import lazy_fsdp_chunks
+
 __all__ = ["fake_world", "forget_world", "WorldBusy"]
 
 
@@ -38,7 +40,7 @@ def fake_world(
         raise WorldBusy("a process group is already initialized in this process")
     dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), lazy_fsdp_chunks():
             # FSDP2's advice to people who train with it, printed on every plan we run:
             # the user asked for a figure, not for FSDP's run-time warnings
             warnings.filterwarnings("ignore", message="FSDP2-wrapped module", category=UserWarning)

@@ -37,7 +37,10 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["isolation_mode", "run_passes", "SelectedPass", "signal_reason", "RemoteTraceback"]
+__all__ = [
+    "isolation_mode", "run_passes", "SelectedPass", "signal_reason", "RemoteTraceback",
+    "become_child",
+]  # fmt: skip
 
 # (name, run, percent shown when it starts, whether it runs torch on the model: forked)
 SelectedPass = tuple[str, Callable[[Any], None], int, bool]
@@ -233,7 +236,7 @@ def _pidfd(pid: int) -> int | None:
 def _child(ctx: Any, passes: list[SelectedPass], i: int, line: _Line, trace_path: str) -> None:
     code, channel = 0, line.channel
     try:
-        _become_child()
+        become_child()
         with open(trace_path, "w") as trace:
             faulthandler.enable(file=trace)  # where a native crash happened, for the report
             name, run, percent, _ = passes[i]
@@ -251,7 +254,7 @@ def _child(ctx: Any, passes: list[SelectedPass], i: int, line: _Line, trace_path
         os._exit(code)
 
 
-def _become_child() -> None:
+def become_child() -> None:
     """Die with the parent; one intra-op thread (the parent's OpenMP pool is not ours)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -30,6 +30,7 @@ from inspector.distributed.inflight import IN_FLIGHT, collectives_in_flight
 from inspector.distributed.offload import offload_policy, offloadable_step
 from inspector.distributed.rankmemory import RankMemory
 from inspector.distributed.world import fake_world
+from inspector.forkmap import fork_map
 from inspector.memory.advice import blocks
 from inspector.memory.checkpointing import checkpointed
 from inspector.memory.optimizer import make_optimizer
@@ -78,10 +79,8 @@ def fsdp_heaviest(
     model: nn.Module, inputs: Inputs, opts: StepOptions, spec: PlanSpec
 ) -> RankMemory:
     """The heaviest rank: each distinct kind of rank run, the largest peak kept."""
-    runs = [
-        fsdp_rank_memory(model, inputs, opts, spec, rank=r)
-        for r in distinct_ranks(model, spec.world_size)
-    ]
+    ranks = distinct_ranks(model, spec.world_size)
+    runs = fork_map(lambda r: fsdp_rank_memory(model, inputs, opts, spec, rank=r), ranks)
     return max(runs, key=lambda m: m.peak_bytes)
 
 

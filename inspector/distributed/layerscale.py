@@ -22,6 +22,7 @@ from torch import nn
 
 from inspector.distributed.fsdp import shard_units
 from inspector.distributed.rankmemory import RankMemory
+from inspector.forkmap import fork_map
 
 __all__ = ["identical_blocks", "cut_to", "scaled", "SHORT_DEPTHS", "SCALE_FROM"]
 
@@ -78,10 +79,12 @@ def scaled(
         return None
     parent, depth = found
     a, b = depths
-    with cut_to(model, parent, a):
-        short = run(model)
-    with cut_to(model, parent, b):
-        longer = run(model)
+
+    def at(k: int) -> RankMemory:
+        with cut_to(model, parent, k):
+            return run(model)
+
+    short, longer = fork_map(at, [a, b])  # the two depths side by side
     if (short.peak_phase, _kind(short.peak_label)) != (longer.peak_phase, _kind(longer.peak_label)):
         return None
 

@@ -31,6 +31,7 @@ from inspector.distributed.rankmemory import RankMemory
 from inspector.distributed.shardtracker import local
 from inspector.distributed.tpplan import tensor_parallel_plan
 from inspector.distributed.world import fake_world
+from inspector.forkmap import fork_map
 from inspector.memory.checkpointing import checkpointed
 from inspector.memory.optimizer import make_optimizer
 from inspector.memory.shadow import fake_shadow
@@ -87,7 +88,7 @@ def fsdp_tp_heaviest(
     if spec.strategy == "tp":
         return tp_rank_memory(model, inputs, opts, spec)
     ranks = [d * spec.tp_size for d in distinct_ranks(model, spec.dp_size)]
-    runs = [tp_rank_memory(model, inputs, opts, spec, rank=r) for r in ranks]
+    runs = fork_map(lambda r: tp_rank_memory(model, inputs, opts, spec, rank=r), ranks)
     return max(runs, key=lambda m: m.peak_bytes)
 
 

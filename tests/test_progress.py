@@ -107,8 +107,9 @@ def _watch(url: str, slug: str, timeout_s: float = 300) -> list[tuple[str, int]]
 def test_progress_moves_through_the_stages_in_order_with_their_shares(tmp_path):
     with running_server(tmp_path / "data", INSPECTOR_DEVICE="cpu") as url:
         runs = []
-        for _ in range(2):  # the second job's shares are learned from the first's timings
-            slug = upload(url, SLOW_MODEL).json()["slug"]
+        for i in range(2):  # the second job's shares are learned from the first's timings
+            # the same bytes again would reuse the first report: run it again
+            slug = upload(url, SLOW_MODEL, **({"rerun": "true"} if i else {})).json()["slug"]
             runs.append((_watch(url, slug), wait_final(url, slug)))
     for seen, body in runs:
         assert body["status"] == "done", body.get("error")

@@ -10,6 +10,13 @@
   - accumulation: the gradients of the earlier micro-steps resident throughout;
   optimizer-step peak = parameters + buffers + inputs + gradients + state + temporaries;
   peak = the larger of the two.
+Under FSDP (`sharded_peak`) a candidate is predicted from a run at the same ranks of
+another (the max-saving plan): the forward/backward peak moves by what does not shard
+(the activations, scaled with the micro-batch and dtype, less the checkpointing's
+relief) as it does on one GPU; the optimizer step's peak and the sharded parameters,
+gradients and state stay; accumulation holds the rank's gradient shards, not every
+gradient. The gathering dtype is not predicted (float32 units are twice bf16's): a run
+with it is the reference.
 The prediction only orders the candidates; `verify` runs the one chosen.
 """
 
@@ -25,6 +32,7 @@ __all__ = [
     "checkpoint_relief",
     "selective_share",
     "optimizer_peak",
+    "sharded_peak",
 ]
 
 
@@ -90,3 +98,22 @@ def optimizer_peak(p: Pieces, c: Candidate) -> float:
 def predict_peak(p: Pieces, c: Candidate) -> int:
     fb = fb_without_checkpoint(p, c) - checkpoint_relief(p, c)
     return round(max(fb, optimizer_peak(p, c)))
+
+
+def _activations(p: Pieces, c: Candidate) -> float:
+    """The part of the forward/backward peak that does not shard, as one GPU's prediction
+    has it: the activations with the candidate's checkpointing (one GPU's accumulated
+    gradients left out: a rank holds its shards, added apart)."""
+    one_gpu_held = _statics(p, c)[1] if c.accumulation > 1 else 0.0
+    return fb_without_checkpoint(p, c) - one_gpu_held - checkpoint_relief(p, c)
+
+
+def sharded_peak(
+    p: Pieces, c: Candidate, ref: Candidate, fb_peak: int, optimizer_peak: int, rank_grads: int
+) -> int:
+    """`c`'s heaviest FSDP rank from `ref`'s run at the same ranks, optimizer and gathering
+    dtype: its forward/backward peak `fb_peak` moved by the activations, its optimizer-step
+    peak as it was, and the rank's gradient shards `rank_grads` held when accumulating."""
+    moved = _activations(p, c) - _activations(p, ref)
+    held = rank_grads if c.accumulation > 1 else 0
+    return round(max(fb_peak + moved, optimizer_peak) + held)

@@ -84,13 +84,14 @@ def _cheaper_at(
         return sharded_peak(s.p, c, r, fb, rest, rv.grad_bytes)
 
     def recover(base: Candidate, short: int) -> Candidate | None:
-        return cover(s.p, base, predict(base) + short - s.budget)
+        """`base` checkpointed for its shortfall; None unless cheaper than the best yet."""
+        c = cover(s.p, base, predict(base) + short - s.budget)
+        return c if c is not None and c.cost() < best[0].cost() else None
 
     while len(s.tries) < limit:
         ran = {c for c, _, _ in s.tries}
         found = [c for c in (recover(base, 0) for base in _rank_bases(ref, list(refs)))
-                 if c is not None and c not in ran and c.cost() < best[0].cost()
-                 and predict(c) <= s.budget]  # fmt: skip
+                 if c is not None and c not in ran and predict(c) <= s.budget]  # fmt: skip
         cheaper = first_fit(s, found, predict, recover, limit - len(s.tries))
         if cheaper is None:
             break

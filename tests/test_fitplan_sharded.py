@@ -13,7 +13,7 @@ from inspector.context import Inputs
 from inspector.distributed.fsdp import fsdp_heaviest
 from inspector.fitplan.candidate import Candidate
 from inspector.fitplan.pieces import Block, Pieces
-from inspector.fitplan.predict import sharded_peak
+from inspector.fitplan.predict import Phases, sharded_peak
 from inspector.memory.shadow import fake_inputs, new_fake_mode
 from inspector.memory.step import StepOptions
 from inspector.schema.parallel import parse_plan
@@ -23,7 +23,7 @@ from tests.test_fitplan import MIB, StackWide, _fit
 # On one GPU even bf16 parameters and SGD hold 2 + 2 bytes a parameter (25.2 MB) plus the
 # activations: its runs peak over 27.3 MB (26 MiB), so FSDP it is, on 8 GPUs
 SPEC = '{"x": {"shape": ["B", 32, 256]}, "dims": {"B": 64}}'
-SPEC64 = '{"x": {"shape": ["B", 64, 256]}, "dims": {"B": 64}}'
+SPEC256 = '{"x": {"shape": ["B", 256, 256]}, "dims": {"B": 64}}'
 MAX_SAVING = (
     "FSDP on {n} GPUs, bf16 MixedPrecisionPolicy, checkpoint 6 block(s), "
     "micro-batch 1 x {k} accumulation"
@@ -38,17 +38,24 @@ def test_sharded_prediction_moves_the_activations_only() -> None:
         batch=8, optimizer="adamw", param_bytes=4000, buffer_bytes=0, input_bytes=0,
         grad_bytes=4000, saved_bytes=1600, fixed_bytes=9000.0, per_sample_bytes=64.0,
         state={"adamw": (8000, 0)}, blocks=[Block("l.0", "B", 800, 1), Block("l.1", "B", 800, 1)],
-        block_paths=["l.0", "l.1"],
+        block_paths=["l.0", "l.1"], before_blocks=frozenset({"embed"}),
     )  # fmt: skip
     ref = Candidate("adamw", micro_batch=1, accumulation=8, gpus=4, checkpoint=("l.0", "l.1"))
     two = replace(ref, micro_batch=2, accumulation=4, checkpoint=())
+    run = Phases(forward_bytes=1000, backward_bytes=0, optimizer_bytes=0, backward_label=None)
     # activations 9000 + 2 * 64 against 9000 + 64 - 100: moved 164; 7 B of shards held
-    assert sharded_peak(p, two, ref, 1000, 0, 7) == 1000 + 164 + 7
+    assert sharded_peak(p, two, ref, run, 7) == 1000 + 164 + 7
     # an optimizer step peaking higher is not moved by the activations
-    assert sharded_peak(p, two, ref, 1000, 5000, 7) == 5000 + 7
+    assert sharded_peak(p, two, ref, replace(run, optimizer_bytes=5000), 7) == 5000 + 7
     # the whole per-rank batch at once: 8 * 64 - (64 - 100) = 548 moved, nothing held
     eight = replace(ref, micro_batch=8, accumulation=1, checkpoint=())
-    assert sharded_peak(p, eight, ref, 1000, 0, 7) == 1000 + 548
+    assert sharded_peak(p, eight, ref, run, 7) == 1000 + 548
+    # a backward peak in block l.0 (l.1 done, its activations gone): only l.0's 800 / 8 *
+    # 2 = 200 B more held there; at the embedding (backward's last op), none
+    late = Phases(forward_bytes=0, backward_bytes=2000, optimizer_bytes=0, backward_label="l.0.up")
+    assert sharded_peak(p, two, ref, late, 7) == 2000 + 200 + 7
+    last = replace(late, backward_label="embed")
+    assert sharded_peak(p, two, ref, last, 7) == 2000 + 7
 
 
 def _direct(micro_batch: int, tokens: int, gpus: int, checkpointed: set[int]) -> int:
@@ -96,16 +103,17 @@ def test_a_larger_micro_batch_without_checkpointing_is_chosen() -> None:
 
 @pytest.mark.slow
 def test_fewer_blocks_checkpointed_are_chosen() -> None:
-    """64 tokens a sample, 24 MiB: room at 8 GPUs for some blocks' activations only."""
-    plan = _fit(SPEC64, 24 * MIB, entry="StackWide").memory.fit_plan
+    """256 tokens a sample, 26 MiB: room at 8 GPUs for some blocks' activations only."""
+    plan = _fit(SPEC256, 26 * MIB, entry="StackWide").memory.fit_plan
     assert plan.found and plan.gpus == 8 and plan.micro_batch == 1
     strongest = _max_saving(plan, 8)
     assert strongest.fits
     where = next(c.where for c in plan.changes if c.kind == "checkpoint")
     assert 0 < len(where) < 6
+    assert "(after fully_shard, on each rank)" in plan.changes[-1].summary
     blocks = {int(path.split(".")[1]) for path in where}
-    assert plan.verified_peak_bytes <= 24 * MIB
-    assert plan.verified_peak_bytes == _direct(1, 64, 8, blocks)
-    # each checkpointed block reruns its `up` Linear: 2 * 64 * 256 * 2048 FLOPs, 8 times
-    assert plan.recompute_flops == len(where) * 2 * 64 * 256 * 2048 * 8
-    assert plan.recompute_flops < 6 * 2 * 64 * 256 * 2048 * 8  # the max-saving plan's
+    assert plan.verified_peak_bytes <= 26 * MIB
+    assert plan.verified_peak_bytes == _direct(1, 256, 8, blocks)
+    # each checkpointed block reruns its `up` Linear: 2 * 256 * 256 * 2048 FLOPs, 8 times
+    assert plan.recompute_flops == len(where) * 2 * 256 * 256 * 2048 * 8
+    assert plan.recompute_flops < 6 * 2 * 256 * 256 * 2048 * 8  # the max-saving plan's

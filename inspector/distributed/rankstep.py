@@ -95,4 +95,5 @@ def tracked_step(
         saved_activation_bytes=saved.total_bytes,
         comm_bytes=0,
         phase_peaks=dict(tracker.phase_peaks),
+        phase_labels=dict(tracker.phase_labels),
     )

@@ -13,7 +13,7 @@ from dataclasses import replace
 from inspector.distributed.gpus import fewest_gpus
 from inspector.fitplan.candidate import Candidate
 from inspector.fitplan.knapsack import checkpointing, cover
-from inspector.fitplan.predict import sharded_peak
+from inspector.fitplan.predict import Phases, sharded_peak
 from inspector.fitplan.trials import Search, divisors, first_fit
 from inspector.fitplan.verify import Verified
 
@@ -80,8 +80,8 @@ def _cheaper_at(
 
     def predict(c: Candidate) -> int:
         r, rv = refs[c.autocast]
-        fb, rest = rv.fb_peak_bytes or 0, rv.optimizer_peak_bytes or 0
-        return sharded_peak(s.p, c, r, fb, rest, rv.grad_bytes)
+        run = rv.phases or Phases(rv.peak_bytes, rv.peak_bytes, 0, None)
+        return sharded_peak(s.p, c, r, run, rv.grad_bytes)
 
     def recover(base: Candidate, short: int) -> Candidate | None:
         """`base` checkpointed for its shortfall; None unless cheaper than the best yet."""

@@ -30,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from inspector.context import Context, Inputs
 from inspector.distributed.fsdp import fsdp_heaviest
 from inspector.fitplan.candidate import Candidate
+from inspector.fitplan.predict import Phases
 from inspector.fitplan.selective import selective
 from inspector.memory import scaling
 from inspector.memory.advice import blocks
@@ -55,10 +56,7 @@ ACCUMULATION_RUN = 2  # micro-steps run: the second is the steady state of any l
 class Verified:
     peak_bytes: int
     grad_bytes: int = 0
-    # sharded: the rank's forward/backward peak and the rest of the step's (the optimizer
-    # step), the gradient shards accumulation holds not added: what a prediction moves
-    fb_peak_bytes: int | None = None
-    optimizer_peak_bytes: int | None = None
+    phases: Phases | None = None  # sharded runs
 
 
 def micro_inputs(ctx: Context, a: Analysis, micro_batch: int | None) -> Inputs:
@@ -159,6 +157,7 @@ def verify_sharded(ctx: Context, a: Analysis, c: Candidate) -> Verified:
     opts = replace(_options(a, c, 1), autocast=a.opts.autocast)
     rank = fsdp_heaviest(ctx.model, inputs, opts, spec, recompute=list(c.checkpoint))
     held = rank.grad_bytes if c.accumulation > 1 else 0
-    phases = rank.phase_peaks
-    fb = max(phases.get("forward", 0), phases.get("backward", 0)) if phases else rank.peak_bytes
-    return Verified(rank.peak_bytes + held, rank.grad_bytes, fb, phases.get("optimizer", 0))
+    peaks = rank.phase_peaks
+    phases = Phases(peaks.get("forward", rank.peak_bytes), peaks.get("backward", rank.peak_bytes),
+                    peaks.get("optimizer", 0), rank.phase_labels.get("backward"))  # fmt: skip
+    return Verified(rank.peak_bytes + held, rank.grad_bytes, phases)

@@ -4,6 +4,7 @@ the time, all on fake tensors (no weights allocated).
 
     PYTHONPATH=. .venv/bin/python bench/fitplan.py            # GPT-2 small, ResNet-50
     PYTHONPATH=. .venv/bin/python bench/fitplan.py --quick    # a smaller batch for each
+    PYTHONPATH=. .venv/bin/python bench/fitplan.py --case 5   # the sharded row only
 
 GPT-2 small is built from its config (preset:gpt2, no hub download); ResNet-50 is the
 project's preset with torchvision's layout and parameter count (25,557,032), since the
@@ -30,6 +31,8 @@ CASES = [
     ("GPT-2 small, S=1024", "preset:gpt2", '{"dims": {"B": 1, "S": 1024}}', 3 * GIB, 1),
     ("ResNet-50, 224x224", "preset:resnet-50", '{"dims": {"B": 32}}', 8 * GIB, 256),
     ("ResNet-50, 224x224", "preset:resnet-50", '{"dims": {"B": 32}}', 2 * GIB, 256),
+    # under bf16 parameters + SGD on one GPU (729 MB): FSDP, the cheapest plan on its GPUs
+    ("GPT-2 small, S=256", "preset:gpt2", '{"dims": {"B": 8, "S": 256}}', int(0.675 * GIB), 32),
 ]
 QUICK = [
     ("GPT-2 small, S=1024", "preset:gpt2", '{"dims": {"B": 2, "S": 1024}}', 6 * GIB, 8),
@@ -49,6 +52,8 @@ def row(label: str, model: str, spec: str, budget: int, batch: int) -> str:
     total = time.perf_counter() - start
     plan = report.memory.fit_plan
     changes = "; ".join(c.summary.split(":")[0] for c in plan.changes) or "none"
+    if plan.gpus > 1:  # the micro-batch and accumulation a rank runs
+        changes += f" [micro-batch {plan.micro_batch} x {plan.accumulation_steps} per rank]"
     ratio = (
         f"{plan.predicted_peak_bytes / plan.verified_peak_bytes:.3f}"
         if plan.predicted_peak_bytes and plan.verified_peak_bytes

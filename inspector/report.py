@@ -225,7 +225,7 @@ class FitTry(_Model):
     """A candidate plan run on fake tensors during the search."""
 
     summary: str
-    predicted_peak_bytes: int | None = None  # None: sharded (predicted by the FSDP line)
+    predicted_peak_bytes: int | None = None  # None: a sharded run the FSDP line goes by
     verified_peak_bytes: int | None = None  # None: the run failed (see error)
     fits: bool = False
     error: str | None = None

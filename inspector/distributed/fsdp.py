@@ -3,7 +3,8 @@ rank of a fake world of any size.
 
 Wrapping follows torchtitan: `fully_shard` on each repeated block (the model's blocks, as
 the checkpointing advice finds them) and then on the root; `checkpoint=true` also runs
-each block under non-reentrant activation checkpointing. The step is the memory
+each block under non-reentrant activation checkpointing (`recompute`: only the blocks
+named, as a fit plan checkpoints some). The step is the memory
 pass's step (inspector.memory.step): optimizer state resident, forward, loss, backward,
 optimizer.step(), zero_grad(set_to_none=True). Everything FSDP2 allocates is an aten op
 the tracker sees (all-gather outputs, the reduce-scatter input and output, the copy-in
@@ -76,11 +77,17 @@ def _chunk_rows(rows: int, world_size: int, rank: int) -> int:
 
 
 def fsdp_heaviest(
-    model: nn.Module, inputs: Inputs, opts: StepOptions, spec: PlanSpec
+    model: nn.Module,
+    inputs: Inputs,
+    opts: StepOptions,
+    spec: PlanSpec,
+    recompute: list[str] | None = None,
 ) -> RankMemory:
     """The heaviest rank: each distinct kind of rank run, the largest peak kept."""
     ranks = distinct_ranks(model, spec.world_size)
-    runs = fork_map(lambda r: fsdp_rank_memory(model, inputs, opts, spec, rank=r), ranks)
+    runs = fork_map(
+        lambda r: fsdp_rank_memory(model, inputs, opts, spec, rank=r, recompute=recompute), ranks
+    )
     return max(runs, key=lambda m: m.peak_bytes)
 
 
@@ -91,8 +98,10 @@ def fsdp_rank_memory(
     spec: PlanSpec,
     rank: int = 0,
     in_flight: int = IN_FLIGHT,
+    recompute: list[str] | None = None,
 ) -> RankMemory:
-    """Rank `rank`'s memory in one FSDP2 training step of `model` (a fake copy is run)."""
+    """Rank `rank`'s memory in one FSDP2 training step of `model` (a fake copy is run);
+    `recompute`: the blocks checkpointed (None: every block under `checkpoint=true`)."""
     fake_mode = opts.fake_mode
     with fake_world(spec.world_size, rank) as mesh, fake_mode:
         shadow = fake_shadow(model, fake_mode)
@@ -101,7 +110,8 @@ def fsdp_rank_memory(
         trainable = [p for p in unique_tensors(shadow.parameters()) if p.requires_grad]
         optimizer = make_optimizer(opts.optimizer, trainable)
         warm_up(optimizer, trainable)
-        recompute = paths if spec.options.get("checkpoint") else []
+        if recompute is None:
+            recompute = paths if spec.options.get("checkpoint") else []
         with collectives_in_flight(in_flight), checkpointed(shadow, recompute):
             out = offloadable_step(shadow, inputs, opts, optimizer, trainable, spec)
     out.strategy, out.world_size, out.rank = spec.text, spec.world_size, rank

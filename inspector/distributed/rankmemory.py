@@ -23,4 +23,6 @@ class RankMemory:
     comm_bytes: int  # DDP: its buckets; FSDP: the largest unit's all-gather + reduce-scatter
     host_bytes: int = 0  # CPU offload: the shards, their gradients and optimizer state
     units: int = 1  # FSDP: fully_shard units (blocks + root); DDP: gradient buckets
+    phase_peaks: dict[str, int] = field(default_factory=dict)  # forward / backward / optimizer
+    phase_labels: dict[str, str | None] = field(default_factory=dict)  # what ran at each
     notes: list[str] = field(default_factory=list)

@@ -94,4 +94,6 @@ def tracked_step(
         input_bytes=tracker.bytes_where("input"),
         saved_activation_bytes=saved.total_bytes,
         comm_bytes=0,
+        phase_peaks=dict(tracker.phase_peaks),
+        phase_labels=dict(tracker.phase_labels),
     )

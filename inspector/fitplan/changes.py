@@ -50,10 +50,12 @@ def _checkpoint(c: Candidate, p: Pieces, verified: float | None) -> FitChange:
     paths = list(c.checkpoint)
     total = len(p.blocks)
     shown = ", ".join(paths[:3]) + (" ..." if len(paths) > 3 else "")
+    # under FSDP the blocks are wrapped after fully_shard, as the verified run does
+    after = " (after fully_shard, on each rank)" if c.gpus > 1 else ""
     return FitChange(
         kind="checkpoint",
-        summary=f"Checkpoint {len(paths)} of {total} blocks ({shown}): each recomputes its "
-        "forward in backward instead of keeping its activations",
+        summary=f"Checkpoint {len(paths)} of {total} blocks ({shown}){after}: each recomputes "
+        "its forward in backward instead of keeping its activations",
         cost=_recompute_cost(c.extra_compute, verified) + "; no numerical risk",
         risk=RISKS[0],
         snippet="import functools\nfrom torch.utils.checkpoint import checkpoint\n\n"
@@ -94,9 +96,10 @@ def _accumulate(c: Candidate) -> FitChange:
         if c.batchnorm
         else "; no numerical risk"
     )
+    ranks = f" per rank ({c.gpus} ranks)" if c.gpus > 1 else ""
     return FitChange(
         kind="accumulate",
-        summary=f"Micro-batches of {c.micro_batch}, gradients accumulated over "
+        summary=f"Micro-batches of {c.micro_batch}{ranks}, gradients accumulated over "
         f"{c.accumulation} of them per optimizer step (effective batch {batch})",
         cost=f"no extra FLOPs, {c.accumulation} forward/backward passes per step "
         f"(smaller kernels use the GPU less well){bn}",
@@ -143,10 +146,12 @@ def _shard(c: Candidate) -> FitChange:
         else ""
     )
     kwargs = "mp_policy=policy" if c.autocast else ""
+    per_rank = (c.micro_batch or 0) * c.accumulation
+    batch = f"; {per_rank} samples per rank per optimizer step" if c.micro_batch else ""
     return FitChange(
         kind="shard",
         summary=f"Shard parameters, gradients and optimizer state over {c.gpus} GPUs "
-        f"(FSDP2: fully_shard per block and the root){bf16}, every block checkpointed",
+        f"(FSDP2, fully_shard per block and the root){bf16}{batch}",
         cost=f"{c.gpus} GPUs; all-gathers and reduce-scatters every step"
         + ("; low numerical risk: bf16 compute and gradient reduction" if c.autocast else ""),
         risk=RISKS[1] if c.autocast else RISKS[0],
@@ -155,7 +160,8 @@ def _shard(c: Candidate) -> FitChange:
         "for block in blocks:  # the repeated layers\n"
         f"    fully_shard(block{', ' + kwargs if kwargs else ''})\n"
         f"fully_shard(model{', ' + kwargs if kwargs else ''})\n"
-        f"# torchrun --nproc-per-node {c.gpus} train.py",
+        f"# torchrun --nproc-per-node {c.gpus} train.py"
+        + (f"  # micro-batches of {c.micro_batch} per rank" if c.micro_batch else ""),
     )
 
 
@@ -169,7 +175,7 @@ def changes_of(c: Candidate, p: Pieces, verified_compute: float | None = None) -
         out.append(_autocast())
     if c.accumulation > 1:
         out.append(_accumulate(c))
-    if c.checkpoint and c.gpus == 1:  # under FSDP every block is checkpointed (_shard)
+    if c.checkpoint:
         out.append(_checkpoint(c, p, verified_compute))
     if c.selective and c.gpus == 1:
         others = [path for path in p.block_paths if path not in c.checkpoint]

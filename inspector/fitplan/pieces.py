@@ -49,6 +49,8 @@ class Pieces:
     # selective checkpointing of every block: forward/backward peak freed, at the batch
     selective_saving_bytes: int = 0
     block_paths: list[str] = field(default_factory=list)  # every block, saving or not
+    # modules before the first block (embeddings), their ancestors left out
+    before_blocks: frozenset[str] = frozenset()
 
 
 def gather(ctx: Context, a: Analysis, optimizers: list[str], notes: list[str]) -> Pieces:
@@ -83,7 +85,19 @@ def gather(ctx: Context, a: Analysis, optimizers: list[str], notes: list[str]) -
                       for m in ctx.model.modules()),
         selective_saving_bytes=_selective_saving(a, notes),
         block_paths=[path for path, _ in advice.blocks(a.model) if path],
+        before_blocks=_before_blocks(a.model),
     )  # fmt: skip
+
+
+def _before_blocks(model: torch.nn.Module) -> frozenset[str]:
+    """Module paths registered before the first block (forward order, as a rule), the
+    containers of blocks left out."""
+    paths = [path for path, _ in advice.blocks(model) if path]
+    names = [name for name, _ in model.named_modules()]
+    first = min((names.index(p) for p in paths if p in names), default=len(names))
+    return frozenset(
+        n for n in names[:first] if n and not any(p.startswith(n + ".") for p in paths)
+    )
 
 
 def _selective_saving(a: Analysis, notes: list[str]) -> int:

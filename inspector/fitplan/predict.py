@@ -10,10 +10,20 @@
   - accumulation: the gradients of the earlier micro-steps resident throughout;
   optimizer-step peak = parameters + buffers + inputs + gradients + state + temporaries;
   peak = the larger of the two.
+Under FSDP (`sharded_peak`) a candidate is predicted from a run at the same ranks of
+another (the max-saving plan): the forward peak moves by what does not shard (the
+activations, scaled with the micro-batch and dtype, less the checkpointing's relief) as
+it does on one GPU, the backward peak by the blocks' share still held where it happened
+(none at the root's embedding, backward's last op); the optimizer step's peak and the
+sharded parameters, gradients and state stay; accumulation holds the rank's gradient
+shards, not every gradient. The gathering dtype is not predicted (float32 units are
+twice bf16's): a run with it is the reference.
 The prediction only orders the candidates; `verify` runs the one chosen.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from inspector.fitplan.candidate import Candidate
 from inspector.fitplan.pieces import Pieces
@@ -25,6 +35,8 @@ __all__ = [
     "checkpoint_relief",
     "selective_share",
     "optimizer_peak",
+    "sharded_peak",
+    "Phases",
 ]
 
 
@@ -90,3 +102,56 @@ def optimizer_peak(p: Pieces, c: Candidate) -> float:
 def predict_peak(p: Pieces, c: Candidate) -> int:
     fb = fb_without_checkpoint(p, c) - checkpoint_relief(p, c)
     return round(max(fb, optimizer_peak(p, c)))
+
+
+@dataclass(frozen=True)
+class Phases:
+    """A rank's peak in each phase of a run (the gradient shards accumulation holds not
+    added) and what ran at the backward one: what a sharded prediction starts from."""
+
+    forward_bytes: int
+    backward_bytes: int
+    optimizer_bytes: int
+    backward_label: str | None
+
+
+def _activations(p: Pieces, c: Candidate) -> float:
+    """The part of the forward/backward peak that does not shard, as one GPU's prediction
+    has it: the activations with the candidate's checkpointing (one GPU's accumulated
+    gradients left out: a rank holds its shards, added apart)."""
+    one_gpu_held = _statics(p, c)[1] if c.accumulation > 1 else 0.0
+    return fb_without_checkpoint(p, c) - one_gpu_held - checkpoint_relief(p, c)
+
+
+def _block_activations(p: Pieces, c: Candidate, path: str) -> float:
+    saving = next((b.saving_bytes for b in p.blocks if b.path == path), 0)
+    return 0.0 if path in c.checkpoint else saving * activation_scale(p, c)
+
+
+def _behind(p: Pieces, c: Candidate, ref: Candidate, label: str | None, moved: float) -> float:
+    """Of `moved`, what is still held at `ref`'s backward peak (at `label`): the blocks
+    backward has not reached yet (up to the label's, in model order); none of them at a
+    module before the first block (an embedding: backward's last op); all of `moved`
+    after the last block or where unknown."""
+    if label is None:
+        return moved
+    if label in p.before_blocks:
+        held: list[str] = []
+    else:
+        inside = [i for i, b in enumerate(p.block_paths) if label == b or label.startswith(b + ".")]
+        if not inside:
+            return moved
+        held = p.block_paths[: inside[0] + 1]
+    return sum(_block_activations(p, c, b) - _block_activations(p, ref, b) for b in held)
+
+
+def sharded_peak(p: Pieces, c: Candidate, ref: Candidate, run: Phases, rank_grads: int) -> int:
+    """`c`'s heaviest FSDP rank from `ref`'s run at the same ranks, optimizer and gathering
+    dtype: its forward peak moved by the activations, its backward peak by those still
+    held there, its optimizer-step peak as it was, and the rank's gradient shards
+    `rank_grads` held when accumulating."""
+    moved = _activations(p, c) - _activations(p, ref)
+    behind = _behind(p, c, ref, run.backward_label, moved)
+    held = rank_grads if c.accumulation > 1 else 0
+    fb = max(run.forward_bytes + moved, run.backward_bytes + behind)
+    return round(max(fb, run.optimizer_bytes) + held)

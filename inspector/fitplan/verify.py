@@ -8,9 +8,10 @@ fake copy of the model, with the candidate's changes made the way a user would m
 - the optimizer the candidate names, its state allocated by a first step;
 - the micro-batch: the inputs rebuilt at it; accumulation: two micro-steps (forward and
   backward twice, gradients accumulating) before the optimizer step: the steady state;
-- sharding: FSDP2 (`fully_shard` per block + root, every block checkpointed), the heaviest
-  rank, through the distributed planner (inspector.distributed.fsdp); bf16 compute there
-  is `MixedPrecisionPolicy(param_dtype=bf16)`, not autocast, whose cache would keep the
+- sharding: FSDP2 (`fully_shard` per block + root, the candidate's blocks checkpointed
+  after it), the heaviest rank, through the distributed planner
+  (inspector.distributed.fsdp); bf16 compute there is
+  `MixedPrecisionPolicy(param_dtype=bf16)`, not autocast, whose cache would keep the
   bf16 cast of every gathered block to the end of forward (measured: 30 MB a rank instead
   of 13 MB on a 6-block, 25 MB model over 16 ranks).
 FLOPs are counted with `torch.utils.flop_counter.FlopCounterMode` over forward and
@@ -29,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from inspector.context import Context, Inputs
 from inspector.distributed.fsdp import fsdp_heaviest
 from inspector.fitplan.candidate import Candidate
+from inspector.fitplan.predict import Phases
 from inspector.fitplan.selective import selective
 from inspector.memory import scaling
 from inspector.memory.advice import blocks
@@ -54,6 +56,7 @@ ACCUMULATION_RUN = 2  # micro-steps run: the second is the steady state of any l
 class Verified:
     peak_bytes: int
     grad_bytes: int = 0
+    phases: Phases | None = None  # sharded runs
 
 
 def micro_inputs(ctx: Context, a: Analysis, micro_batch: int | None) -> Inputs:
@@ -152,6 +155,9 @@ def verify_sharded(ctx: Context, a: Analysis, c: Candidate) -> Verified:
         options["param_dtype"] = "bf16"
     spec = PlanSpec("fsdp", c.gpus, options)
     opts = replace(_options(a, c, 1), autocast=a.opts.autocast)
-    rank = fsdp_heaviest(ctx.model, inputs, opts, spec)
+    rank = fsdp_heaviest(ctx.model, inputs, opts, spec, recompute=list(c.checkpoint))
     held = rank.grad_bytes if c.accumulation > 1 else 0
-    return Verified(rank.peak_bytes + held, rank.grad_bytes)
+    peaks = rank.phase_peaks
+    phases = Phases(peaks.get("forward", rank.peak_bytes), peaks.get("backward", rank.peak_bytes),
+                    peaks.get("optimizer", 0), rank.phase_labels.get("backward"))  # fmt: skip
+    return Verified(rank.peak_bytes + held, rank.grad_bytes, phases)

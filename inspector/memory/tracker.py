@@ -71,6 +71,7 @@ class LiveTracker(TorchDispatchMode):
         self.peak_phase = "forward"
         self.points: list[Point] = []
         self.phase_peaks: dict[str, int] = {}
+        self.phase_labels: dict[str, str | None] = {}  # what ran at each phase's peak
         # the highest live bytes between consecutive marks: each is linear in the batch
         # for a fixed op sequence, so runs at two batches give the peak at any batch
         self.window_peaks: list[tuple[str, int]] = []  # (phase, peak)
@@ -168,6 +169,7 @@ class LiveTracker(TorchDispatchMode):
         self._window = max(self._window, live)
         if live > self.phase_peaks.get(self.phase, -1):
             self.phase_peaks[self.phase] = live
+            self.phase_labels[self.phase] = label
         if live > self.peak:
             self.peak, self.peak_label, self.peak_phase = live, label, self.phase
             self._peak_at = len(self.points)

@@ -85,29 +85,47 @@ def scaled(
             return run(model)
 
     short, longer = fork_map(at, [a, b])  # the two depths side by side
-    if (short.peak_phase, _kind(short.peak_label)) != (longer.peak_phase, _kind(longer.peak_label)):
-        return None
 
-    def at_depth(name: str) -> int:
-        low, high = getattr(short, name), getattr(longer, name)
+    def line(low: int, high: int) -> int:
         return low + (depth - a) * (high - low) // (b - a)
 
-    values = {f.name: at_depth(f.name) for f in fields(RankMemory) if f.name in _LINEAR}
-    per_block = _gb((longer.peak_bytes - short.peak_bytes) // (b - a))
+    peak = _deepest_peak(short, longer, line)
+    if peak is None:
+        return None
+    key, peak_bytes, grows = peak
+    values = {
+        f.name: line(getattr(short, f.name), getattr(longer, f.name))
+        for f in fields(RankMemory)
+        if f.name in _LINEAR
+    }
     note = (
         f"scaled to {depth} identical blocks ({parent}) from runs with the first {a} "
-        f"and {b}: each block adds {per_block} to the peak"
+        f"and {b}: each block adds {_gb(grows // (b - a))} to the peak"
     )
+    values["peak_bytes"] = peak_bytes
     out = replace(longer, **values, notes=[*longer.notes, note])
+    out.peak_phase = key.partition("|")[0]
     out.units = longer.units + (depth - b) * (longer.units - short.units) // (b - a)
-    out.peak_label = _at_depth(short.peak_label, longer.peak_label, parent, (a, b), depth)
+    labels = short.kind_peaks[key][1], longer.kind_peaks[key][1]
+    out.peak_label = _at_depth(*labels, parent, (a, b), depth)
     return out
 
 
-def _kind(label: str | None) -> str | None:
-    """A module label without its block index: where in a block the peak is (a root-level
-    stack's labels start with it: `2.2`)."""
-    return re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", label) if label else label
+def _deepest_peak(
+    short: RankMemory, longer: RankMemory, line: Callable[[int, int], int]
+) -> tuple[str, int, int] | None:
+    """(kind, bytes at full depth, growth from a to b) of the highest place at full depth.
+    Each place in the step (its phase and where in a block, block index left out) is
+    linear in the depth, but they grow at different rates: where the peak is at the short
+    depths (the embedding's gradient at the end of backward) need not be where it is at
+    full depth (the first block's backward, with every block's activations saved), so
+    every place is scaled and the highest kept. Places seen at one depth only: None."""
+    kinds = short.kind_peaks.keys() & longer.kind_peaks.keys()
+    if not kinds or kinds != short.kind_peaks.keys() | longer.kind_peaks.keys():
+        return None
+    scaled_at = {k: line(short.kind_peaks[k][0], longer.kind_peaks[k][0]) for k in kinds}
+    key = max(sorted(scaled_at), key=scaled_at.__getitem__)
+    return key, scaled_at[key], longer.kind_peaks[key][0] - short.kind_peaks[key][0]
 
 
 def _at_depth(

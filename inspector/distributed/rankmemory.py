@@ -25,4 +25,6 @@ class RankMemory:
     units: int = 1  # FSDP: fully_shard units (blocks + root); DDP: gradient buckets
     phase_peaks: dict[str, int] = field(default_factory=dict)  # forward / backward / optimizer
     phase_labels: dict[str, str | None] = field(default_factory=dict)  # what ran at each
+    # "phase|kind" -> (highest live bytes, label): memory.tracker's kind_peaks, for scaling
+    kind_peaks: dict[str, tuple[int, str | None]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)

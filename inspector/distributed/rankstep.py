@@ -96,4 +96,5 @@ def tracked_step(
         comm_bytes=0,
         phase_peaks=dict(tracker.phase_peaks),
         phase_labels=dict(tracker.phase_labels),
+        kind_peaks=dict(tracker.kind_peaks),
     )

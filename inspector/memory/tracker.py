@@ -13,8 +13,10 @@ that level (workspaces, reorders, scratchpads) comes from the per-op formulas of
 from __future__ import annotations
 
 import gc
+import re
 import weakref
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -23,7 +25,9 @@ from torch.utils._pytree import tree_leaves
 
 from inspector.memory.kernels import FORMULAS, UNKNOWN, KernelMemory, kernel_memory, op_name
 
-__all__ = ["LiveTracker", "Point", "storage_key", "storage_bytes", "CUDA_BLOCK_BYTES"]
+__all__ = [
+    "LiveTracker", "Point", "storage_key", "storage_bytes", "CUDA_BLOCK_BYTES", "label_kind",
+]  # fmt: skip
 
 CUDA_BLOCK_BYTES = 512  # the caching allocator's smallest block and rounding step
 
@@ -56,6 +60,17 @@ class _Entry:
     kernel_sized: bool = False  # its size is a kernel formula's, not the (fake) storage's
 
 
+@lru_cache(maxsize=65536)
+def _kind_key(phase: str, label: str | None) -> str:
+    return f"{phase}|{label_kind(label) or ''}"
+
+
+def label_kind(label: str | None) -> str | None:
+    """A module label without its block indices: where in a block it is (`h.3.attn` ->
+    `h.*.attn`; a root-level stack's labels start with the index: `2.2` -> `*.*`)."""
+    return re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", label) if label else label
+
+
 class LiveTracker(TorchDispatchMode):
     """Counts live bytes; records the peak and a timeline of labelled points."""
 
@@ -72,6 +87,9 @@ class LiveTracker(TorchDispatchMode):
         self.points: list[Point] = []
         self.phase_peaks: dict[str, int] = {}
         self.phase_labels: dict[str, str | None] = {}  # what ran at each phase's peak
+        # "phase|kind" -> (highest live bytes, label): the kind is the label without block
+        # indices, so a deep stack's runs at two depths line up kind by kind
+        self.kind_peaks: dict[str, tuple[int, str | None]] = {}
         # the highest live bytes between consecutive marks: each is linear in the batch
         # for a fixed op sequence, so runs at two batches give the peak at any batch
         self.window_peaks: list[tuple[str, int]] = []  # (phase, peak)
@@ -170,6 +188,9 @@ class LiveTracker(TorchDispatchMode):
         if live > self.phase_peaks.get(self.phase, -1):
             self.phase_peaks[self.phase] = live
             self.phase_labels[self.phase] = label
+        key = _kind_key(self.phase, label)
+        if live > self.kind_peaks.get(key, (-1, None))[0]:
+            self.kind_peaks[key] = (live, label)
         if live > self.peak:
             self.peak, self.peak_label, self.peak_phase = live, label, self.phase
             self._peak_at = len(self.points)

@@ -13,10 +13,10 @@ import hashlib
 import json
 from functools import cache
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from server.models import Job
+from server.models import Job, utcnow
+from server.summary import summary_columns
 
 __all__ = ["result_key", "code_versions", "reused_columns"]
 
@@ -68,9 +68,6 @@ def _spec(text: str | None) -> Any:
 def reused_columns(source: Job) -> dict[str, Any]:
     """A new job's columns that make it done with `source`'s report: it never ran, so it
     has no start time (run-time statistics and learned stage times leave it out)."""
-    from server.models import utcnow
-    from server.summary import summary_columns
-
     report = dict(source.report_json or {})
     return {
         "status": "done",

@@ -150,21 +150,14 @@ def _crossing(a: int, pa: int, b: int, pb: int, budget: int) -> int | None:
     if a == b:
         return None
     sharded = (pa - pb) / (1 / a - 1 / b)
-    fixed = pb - sharded / b
-    if sharded <= 0 or budget <= fixed:
-        return None
-    return _clamp(-int(-sharded // (budget - fixed)))
+    return _guess(budget, pb - sharded / b, sharded) if sharded > 0 else None
 
 
 def _bisect(peak: Callable[[int], int], runs: dict[int, int], budget: int) -> GpuCount:
     """The guarantee behind the guesses: bisect the bracket the runs give (doubling past
     the most ranks run until one fits)."""
     n = max(runs)
-    over = (
-        max(n for n, p in runs.items() if p > budget)
-        if any(p > budget for p in runs.values())
-        else 0
-    )
+    over = max((k for k, p in runs.items() if p > budget), default=0)
     fit = [k for k, p in runs.items() if p <= budget and k > over]
     hi = min(fit) if fit else None
     while hi is None:

@@ -152,3 +152,76 @@ def test_a_gradient_amplified_on_its_way_back_is_exploding() -> None:
 def test_growth_below_the_line_is_not_exploding(gain: float) -> None:
     by_path = layers(run(AmplifiedBackward(gain), torch.randn(4, 8)))
     assert {x.verdict for x in by_path.values()} == {"ok"}
+
+
+class ConvBN(nn.Module):
+    """A conv at a small norm before a train-mode BatchNorm, as Mask R-CNN's first conv on
+    raw pixels (grad norm 1,152..3,390 at init): BatchNorm divides out the conv's scale, so
+    its gradient is 1 / its norm; `loss_scale` multiplies the whole loss."""
+
+    def __init__(self, weight_scale: float, loss_scale: float = 1.0, norm: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.loss_scale = loss_scale
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        with torch.no_grad():
+            self.conv.weight.mul_(weight_scale)
+        # eps far below the conv's variance at 1e-4 (~3e-9), so the scale divides out
+        self.bn = nn.BatchNorm2d(8, eps=1e-14) if norm else nn.Identity()
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.bn(self.conv(x))).mean((2, 3))
+        return self.head(h) * self.loss_scale
+
+
+def targets(out: torch.Tensor, inputs) -> torch.Tensor:  # noqa: ANN001 - Inputs
+    return nn.functional.cross_entropy(out, torch.arange(out.shape[0]) % out.shape[1])
+
+
+def test_a_conv_before_batchnorm_is_not_exploding_for_its_norm() -> None:
+    x = torch.randn(4, 3, 16, 16)
+    small, unit = run(ConvBN(1e-4), x, loss_fn=targets), run(ConvBN(1.0), x, loss_fn=targets)
+    conv, conv_unit = layers(small)["conv"], layers(unit)["conv"]
+    # BatchNorm divides out the 1e-4: the same forward, a gradient 1e4 x larger
+    assert small.report.gradients.params[0].grad_norm == pytest.approx(
+        1e4 * unit.report.gradients.params[0].grad_norm, rel=1e-3
+    )
+    assert conv.grad_norm > small.report.gradients.thresholds["exploding_norm"]
+    assert conv.verdict == conv_unit.verdict == "ok" and loud(small) == []
+
+
+def test_a_loss_off_by_orders_of_magnitude_is_still_exploding_past_a_batchnorm() -> None:
+    ctx = run(ConvBN(1.0, loss_scale=1e6), torch.randn(4, 3, 16, 16), loss_fn=targets)
+    by_path = layers(ctx)
+    assert by_path["conv"].verdict == "ok"  # scale-free: its norm says nothing
+    assert by_path["bn"].verdict == by_path["head"].verdict == "exploding"
+    assert "exploding-gradient" in loud(ctx)
+
+
+def test_the_same_conv_without_a_normalisation_is_judged_by_its_norm() -> None:
+    ctx = run(ConvBN(1.0, loss_scale=1e6, norm=False), torch.randn(4, 3, 16, 16), loss_fn=targets)
+    assert layers(ctx)["conv"].verdict == "exploding"
+
+
+def test_scale_free_layers_are_those_whose_every_output_is_normalised() -> None:
+    from inspector.health.scalefree import feeding_normalisation
+
+    class Shared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+            self.norm, self.frozen = nn.LayerNorm(4), nn.BatchNorm1d(4).eval()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            # a: normalised once, added once; b: into a BatchNorm on running stats
+            return self.norm(self.a(x)) + self.a(x) + self.frozen(self.b(x))
+
+    model = Shared()
+    with feeding_normalisation(model) as fed:
+        model(torch.randn(3, 4))
+    assert fed.layers() == set()
+    model.frozen.train()
+    with feeding_normalisation(model) as fed:
+        model(torch.randn(3, 4))
+    assert fed.layers() == {"b"}

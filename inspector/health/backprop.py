@@ -17,6 +17,7 @@ from inspector.context import Context
 from inspector.health.locate import is_user_file
 from inspector.health.outputs import float_outputs, make_loss
 from inspector.health.recorder import CutPoint, ForwardRecorder, InplaceOp, recording
+from inspector.health.scalefree import feeding_normalisation
 from inspector.health.state import seeded
 from inspector.tracebacks import INTERNAL_NOTE, inspector_fault
 from inspector.tracebacks import user_location as exc_location
@@ -51,6 +52,7 @@ class BackwardRun:
     no_grad_path: bool = False  # forward ran, but nothing trainable reaches the loss
     grads: dict[str, GradStats] = field(default_factory=dict)  # params whose grad is set
     called: list[str] = field(default_factory=list)  # module paths, first-call order
+    scale_free: set[str] = field(default_factory=set)  # layers feeding a normalisation
     cuts: list[CutPoint] = field(default_factory=list)
     inplace: list[InplaceOp] = field(default_factory=list)
     outputs_without_grad: list[str] = field(default_factory=list)
@@ -78,7 +80,7 @@ def backward_once(ctx: Context) -> BackwardRun:
         param.grad = None
     seeded(ctx.options.seed)
     try:
-        with recording(model, ctx.loaded.user_files) as rec:
+        with recording(model, ctx.loaded.user_files) as rec, feeding_normalisation(model) as fed:
             output = ctx.inputs.call(model)
     except Exception as exc:  # noqa: BLE001 - the user's forward; reported, not raised
         run.internal = inspector_fault(exc)
@@ -86,6 +88,7 @@ def backward_once(ctx: Context) -> BackwardRun:
         run.error = f"forward failed{_at(ctx, exc)}: {type(exc).__name__}: {exc}{note}"
         return run
     run.called, run.cuts, run.inplace = list(rec.called), rec.cuts, rec.inplace
+    run.scale_free = fed.layers()
     if any(p.requires_grad for p in model.parameters()):
         run.outputs_without_grad = [k for k, t in float_outputs(output) if not t.requires_grad]
     try:

@@ -64,11 +64,13 @@ def _judge(rows: list[ParamGrad], th: dict[str, float]) -> None:
             row.verdict = "nan"
 
 
-def _verdict(layer: LayerGrad, largest_rms: float, later_rms: float, th: dict) -> str:
+def _verdict(
+    layer: LayerGrad, largest_rms: float, later_rms: float, scale_free: bool, th: dict
+) -> str:
     """Vanishing by the layer's gradient per element (RMS) against the largest layer's: a
     4x4 talking-heads matrix has 1/10,000 the entries of a classifier head, and comparing
     total norms called it vanishing for its size alone. Exploding: see `_exploding`."""
-    if _exploding(layer, later_rms, th):
+    if _exploding(layer, later_rms, scale_free, th):
         return "exploding"
     rms = layer.grad_rms or 0.0
     if largest_rms > 0 and rms <= th["vanishing_ratio"] * largest_rms:
@@ -76,7 +78,7 @@ def _verdict(layer: LayerGrad, largest_rms: float, later_rms: float, th: dict) -
     return "ok"
 
 
-def _exploding(layer: LayerGrad, later_rms: float, th: dict) -> bool:
+def _exploding(layer: LayerGrad, later_rms: float, scale_free: bool, th: dict) -> bool:
     """A norm past `exploding_norm` (a loss or scale off by orders of magnitude), or a
     gradient that grew on its way back: per element `exploding_growth` x larger than any
     layer's between it and the loss, and larger than its weight x `exploding_ratio` (one
@@ -86,7 +88,15 @@ def _exploding(layer: LayerGrad, later_rms: float, th: dict) -> bool:
     0.02 and its rows sum the gradients of every position that reads them (ALBERT's token
     types: every token reads row 0, grad/weight 15), and a first conv on raw pixels before
     a BatchNorm gets the largest gradient of a ResNet (FCN-ResNet50: 59), yet per element
-    both are within 10x of the layers after them: nothing was amplified."""
+    both are within 10x of the layers after them: nothing was amplified.
+
+    Neither test says anything of a scale-free layer (one feeding a normalisation,
+    inspector.health.scalefree): its gradient is its input's scale over its own norm, and
+    a small weight makes it large by norm and by growth alike. A loss or a backward off
+    by orders of magnitude still shows in the normalisation's own gain and in the layers
+    after it."""
+    if scale_free:
+        return False
     norm, ratio, rms = layer.grad_norm or 0.0, layer.ratio, layer.grad_rms or 0.0
     if norm > th["exploding_norm"]:
         return True
@@ -121,7 +131,8 @@ def layer_rows(
     later = _later_rms(layers)
     for layer in layers:
         if layer.verdict == "ok" and layer.grad_norm is not None:
-            layer.verdict = _verdict(layer, largest, later[layer.module_path], th)
+            path = layer.module_path
+            layer.verdict = _verdict(layer, largest, later[path], path in run.scale_free, th)
     _mark_gated(ctx, layers, by_owner, params, th)  # a gate explains it: "gated"
     _local_not_vanishing(layers)
     for layer in layers:

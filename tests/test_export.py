@@ -166,7 +166,8 @@ def test_onnx_that_baked_in_a_branch_is_caught() -> None:
     assert onnx.ok and onnx.mismatch.startswith("B=4: differs from eager by up to")
     # exported at B=8 (`> 4`: fc(x)); at B=4 eager gives -fc(x): |fc - (-fc)| = 2 |fc|
     largest = float(onnx.mismatch.split("largest eager value ")[1].rstrip(")"))
-    assert onnx.max_abs_diff == pytest.approx(2 * largest, rel=1e-3)
+    # the message rounds to 3 significant digits: 1.1 stands for 1.095..1.105
+    assert onnx.max_abs_diff == pytest.approx(2 * largest, rel=5e-3)
     [finding] = [f for f in found if f.where == "onnx"]
     assert finding.severity == "warning" and "dynamic_shapes" in finding.fix
 

@@ -86,3 +86,30 @@ def test_fake_mode_is_skipped() -> None:
     section = run(Training(), torch.randn(2, 4), options=Options(fake=True)).report.modes
     assert not section.computed and "fake" in section.error
     assert section.mode_dependent_modules == [""]  # structural: still listed
+
+
+class _Counted(nn.Module):
+    """Counts its forwards; `noise` adds F.dropout with training=True in every mode."""
+
+    def __init__(self, noise: bool) -> None:
+        super().__init__()
+        self.noise, self.calls = noise, 0
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        y = self.fc(x)
+        return nn.functional.dropout(y, 0.5, training=True) if self.noise else y
+
+
+@pytest.mark.parametrize("noise", [False, True])
+def test_the_reseeded_eval_run_only_when_eval_draws_random_numbers(noise: bool) -> None:
+    model = _Counted(noise)
+    ctx = context_for(model, (torch.randn(8, 4),))
+    model.calls = 0  # the capture's forwards
+    modes.run(ctx)
+    section = ctx.report.modes
+    # eval, then eval reseeded only if eval drew from the seeded generator, then train
+    assert model.calls == (3 if noise else 2)
+    assert section.computed and (section.eval_max_abs_diff > 0) is noise
+    assert (section.eval_first_differing_node is not None) is noise

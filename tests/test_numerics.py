@@ -133,3 +133,31 @@ def test_squeezenet_squeeze_units_are_not_called_dead_on_a_small_sample() -> Non
     ctx = run(model, torch.randn(2, 3, 64, 64))
     findings.run(ctx)
     assert [f.rule for f in ctx.report.findings if f.rule == "dead-relu"] == []
+
+
+def test_one_pass_statistics_equal_their_definitions() -> None:
+    """tensor_stats derives the underflow count from the zero count and skips the overflow
+    pass under FP16_MAX; each figure against its definition, with NaN/Inf dropped."""
+    from inspector.health.stats import FP16_MAX, FP16_MIN_NORMAL, tensor_stats
+
+    torch.manual_seed(0)
+    x = torch.randn(4000)
+    x[:300] = 0.0
+    x[300:340] = 1e-6  # float16 subnormal
+    x[340:350] = -3e-5
+    x[350] = float("nan")
+    x[351:353] = float("inf")
+    for scale in (1.0, 1e5):  # 1e5: beyond float16, an overflow pass
+        t = x * scale
+        stats = tensor_stats(t)
+        finite = t[torch.isfinite(t)]
+        mag = finite.abs()
+        nonzero = int((mag > 0).sum())
+        tiny = int(((mag > 0) & (mag < FP16_MIN_NORMAL)).sum())
+        assert (stats.nan_count, stats.inf_count) == (1, 2)
+        assert stats.zero_fraction == pytest.approx(300 / 4000)
+        assert stats.fp16_underflow_fraction == tiny / nonzero
+        assert stats.fp16_overflow_count == int((mag > FP16_MAX).sum())
+        assert (stats.min, stats.max) == (finite.min().item(), finite.max().item())
+    assert tensor_stats(x).fp16_underflow_fraction == 50 / (4000 - 300 - 3)
+    assert tensor_stats(x * 1e5).fp16_overflow_count > 0

@@ -75,3 +75,33 @@ def test_real_tensors_take_the_full_step() -> None:
     warm_up(optimizer, params)
     # zero gradients: only the decoupled weight decay moves the weights, 1 - 0.5 * 0.1
     assert torch.allclose(params[0].detach(), torch.full((3,), 0.95))
+
+
+def test_dtensor_parameters_skip_the_same_arithmetic_and_keep_their_shards() -> None:
+    """FSDP2 and TP parameters are DTensors over fake local shards: their in-place updates
+    are skipped too (a 70B rank run's warm-up went through DTensor's dispatch for each)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from inspector.distributed.world import fake_world
+
+    fake_mode = new_fake_mode()
+    states, seen_ops = [], []
+    for skip in (False, True):
+        with fake_world(4, 1) as mesh, fake_mode:
+            params = [
+                torch.nn.Parameter(distribute_tensor(torch.empty(10, 4), mesh, [Shard(0)])),
+                torch.nn.Parameter(distribute_tensor(torch.empty(8), mesh, [Shard(0)])),
+            ]
+            optimizer = make_optimizer("adamw", params)
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            with _Seen() as seen, skipped_inplace_arithmetic() if skip else nullcontext():
+                optimizer.step()
+            local = lambda t: getattr(t, "_local_tensor", t)  # noqa: E731
+            states.append((_state(optimizer), state_bytes_of(optimizer, local)))
+            seen_ops.append(seen.ops)
+    assert states[0] == states[1]
+    # rank 1 of 4: rows 3..5 of the 10 (chunks of 3) and 2 of the 8: moments of
+    # (3 x 4 + 2) float32 values each, and two step scalars
+    assert states[1][1] == 2 * (3 * 4 + 2) * 4 + 2 * 4
+    assert "lerp_" in seen_ops[0] and "lerp_" not in seen_ops[1]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
-__all__ = ["preserved", "seeded"]
+__all__ = ["preserved", "seeded", "rng_watched"]
 
 
 @contextmanager
@@ -39,3 +39,26 @@ def preserved(model: nn.Module) -> Iterator[None]:
 def seeded(seed: int) -> None:
     """Same seed before each run, so dropout masks match between runs."""
     torch.manual_seed(seed)
+
+
+def _rng_states() -> tuple:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
+    return (torch.get_rng_state(), *cuda)
+
+
+@contextmanager
+def rng_watched() -> Iterator[Callable[[], bool]]:
+    """`drew()` after the block: whether it drew from the generators `seeded` seeds (torch's
+    default CPU and CUDA generators). A run that drew nothing gives the same values under
+    any seed; a model's own `torch.Generator` is not seen, nor reseeded by `seeded`."""
+    before: tuple = _rng_states()
+    after: list[tuple] = []
+    try:
+        yield (
+            lambda: (
+                len(after[0]) != len(before)
+                or any(not torch.equal(a, b) for a, b in zip(after[0], before, strict=True))
+            )
+        )
+    finally:
+        after.append(_rng_states())

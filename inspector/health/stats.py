@@ -27,14 +27,16 @@ def tensor_stats(
     stats = NumericStats()
     if not x.numel():
         return stats
-    stats.zero_fraction = 1.0 - torch.count_nonzero(x).item() / x.numel()
+    nonzero = torch.count_nonzero(x).item()
+    stats.zero_fraction = 1.0 - nonzero / x.numel()
     values = x
     if not torch.isfinite(x.sum()):  # rare: count and drop the NaN/Inf
         finite = torch.isfinite(x)
         stats.nan_count = int(torch.isnan(x).sum())
         stats.inf_count = int((~finite).sum()) - stats.nan_count
         values = x[finite]
-    _moments(stats, values)
+        nonzero -= stats.nan_count + stats.inf_count
+    _moments(stats, values, nonzero)
     if kind == "relu":
         stats.dead_fraction = dead_fraction(x, min_samples)
     elif kind in ("sigmoid", "tanh"):
@@ -42,15 +44,21 @@ def tensor_stats(
     return stats
 
 
-def _moments(stats: NumericStats, values: torch.Tensor) -> None:
+def _moments(stats: NumericStats, values: torch.Tensor, nonzero: int) -> None:
+    """`nonzero`: the nonzero count of `values`, known by the caller. Each statistic is one
+    pass over the values where it can be: a report runs this on every node's output."""
     if not values.numel():
         return
-    stats.min, stats.max = values.min().item(), values.max().item()
+    low, high = torch.aminmax(values)
+    stats.min, stats.max = low.item(), high.item()
     magnitude = values.abs()
-    stats.fp16_overflow_count = int(((magnitude > FP16_MAX) & (magnitude < MASK_ABS)).sum())
-    nonzero = int(torch.count_nonzero(magnitude))
+    if max(-stats.min, stats.max) > FP16_MAX:  # else no value can overflow: no pass
+        stats.fp16_overflow_count = int(((magnitude > FP16_MAX) & (magnitude < MASK_ABS)).sum())
+    else:
+        stats.fp16_overflow_count = 0
     if nonzero:
-        tiny = int(((magnitude > 0) & (magnitude < FP16_MIN_NORMAL)).sum())
+        zeros = values.numel() - nonzero  # below the normal range and not zero: tiny
+        tiny = int((magnitude < FP16_MIN_NORMAL).sum()) - zeros
         stats.fp16_underflow_fraction = tiny / nonzero
     if max(-stats.min, stats.max) >= MASK_ABS:  # mask constants would swamp mean and std
         values = values[magnitude < MASK_ABS]

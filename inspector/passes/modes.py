@@ -13,7 +13,7 @@ import torch
 from inspector.context import Context
 from inspector.health.modecheck import BatchNormInput, batchnorm_probe, mode_dependent
 from inspector.health.outputs import flat_tensors, float_outputs
-from inspector.health.state import preserved, seeded
+from inspector.health.state import preserved, rng_watched, seeded
 from inspector.health.thresholds import resolve
 from inspector.health.values import NodeRef, run_nodes
 from inspector.report import Node
@@ -31,6 +31,7 @@ class _Run:
     paths: dict[str, str | None] = field(default_factory=dict)
     outputs: list[torch.Tensor] = field(default_factory=list)
     kept_bytes: int = 0
+    drew: bool = False  # drew from the generators `seeded` seeds
     error: str | None = None
     internal: bool = False  # `error` is the inspector's own failure (a graph replay)
 
@@ -46,7 +47,9 @@ def run(ctx: Context) -> None:
     with preserved(ctx.model):
         # eval first: the train run updates BatchNorm running stats that eval would read
         evaluated = _forward(ctx, training=False)
-        reseeded = _forward(ctx, training=False, seed=ctx.options.seed + 1)
+        # the reseeded run can only differ through the generators `seeded` seeds
+        drew = evaluated.drew
+        reseeded = _forward(ctx, training=False, seed=ctx.options.seed + 1) if drew else None
         handles = batchnorm_probe(ctx.model, batchnorm)
         try:
             train = _forward(ctx, training=True)
@@ -60,7 +63,9 @@ def run(ctx: Context) -> None:
         ctx.report.meta.warnings.append(f"modes: {section.error}")
     if section.computed:
         _compare(ctx, train, evaluated)
-        if reseeded.error is None:
+        if reseeded is None:
+            ctx.report.modes.eval_max_abs_diff = 0.0  # no random draw in eval: the same run
+        elif reseeded.error is None:
             _compare_eval(ctx, evaluated, reseeded)
 
 
@@ -69,8 +74,9 @@ def _forward(ctx: Context, training: bool, seed: int | None = None) -> _Run:
     ctx.model.train(training)
     seeded(ctx.options.seed if seed is None else seed)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), rng_watched() as drew:
             output, _ = run_nodes(ctx, lambda ref, v: _keep(result, ref, v), graph=False)
+        result.drew = drew()
     except Exception as exc:  # noqa: BLE001 - the user's forward; reported, not raised
         where = user_location(exc, ctx.loaded.user_files)
         at = f" at {where[0]}" if where else ""

@@ -48,7 +48,12 @@ import torch
 
 from inspector.memory.kernels.registry import KernelMemory, formula, measured_here
 
-__all__ = ["conv_forward_scratch", "conv_backward_scratch", "conv3d_gemm_weights_scratch"]
+__all__ = [
+    "conv_forward_scratch",
+    "conv_backward_scratch",
+    "conv3d_gemm_weights_scratch",
+    "conv2d_gemm_weights_scratch",
+]
 
 aten = torch.ops.aten
 BLOCK = 16  # AVX-512 float32 channel block
@@ -56,6 +61,7 @@ F32 = 4
 FIRST_CONV_CHANNELS = 16  # oneDNN's "1st conv" kernels: fewer input channels, plain input
 SCRATCHPAD_ALIGN = 128  # what a oneDNN scratchpad adds to its content, measured
 GEMM_DILATION = 8  # from this dilation oneDNN may pick its GEMM conv (measured at batch 2)
+DILATED_EXACT_FROM = 32  # px: a dilated conv's backward on smaller maps is not all modelled
 # channels-last kernels' scratchpads at one thread, measured: forward, backward data
 NHWC_FORWARD_SCRATCH, NHWC_BACKWARD_SCRATCH = 8216, 8344
 NHWC_DEPTHWISE_ROWS = 256  # the depthwise backward-weights buffer: channels x kernel x 256
@@ -122,6 +128,8 @@ def conv_backward_scratch(
         reads = 0 if depthwise else d + (0 if first else s)
         weights = grad_in + reads + _weights(weight, groups, first) + _pad(oc) * F32 * mask[2]
     end = grad_in + _nbytes(weight.shape) * mask[1] + oc * F32 * mask[2]
+    if mask[1]:  # the blocked weight gradient is read out into the plain one: both live
+        weights = max(weights, end + _weights(weight, groups, first))
     copied = 0 if grad_out.is_contiguous() else _nbytes(grad_out.shape)
     return copied + max(0, max(data, weights) - end)
 
@@ -132,8 +140,32 @@ def conv3d_gemm_weights_scratch(x: torch.Tensor, weight: torch.Tensor, grad_out:
     gradients and an im2col column of one output depth slice (input channels x kernel x
     output H x W), whatever the input gradient. Byte-exact on 5 shapes at one thread
     (bench/conv3d_scratch.py, ZOO_FINDINGS.md); at depth 3 and more the direct kernel runs."""
-    column = int(x.shape[1]) * math.prod(weight.shape[2:]) * math.prod(grad_out.shape[3:])
+    return _gemm_weights(x, weight, grad_out.shape[3:])
+
+
+def conv2d_gemm_weights_scratch(x: torch.Tensor, weight: torch.Tensor, grad_out: Any) -> int:
+    """The same GEMM kernel for a 2-D conv whose dilated kernel is wider than its input
+    (DeepLabV3's ASPP at rates 12-36 on a 4x4 or 8x8 map; oneDNN's direct kernel does not
+    take it): 4 weight-sized partial gradients and the im2col column of one image (input
+    channels x kernel x output H x W). Byte-exact at one thread on 84 shapes (batch 1-4,
+    64 and 256 input channels, 4-32 px, dilations 2-36): DeepLabV3-MobileNet's ASPP convs
+    take 35.9 MB there, which the direct-kernel formula put at 0.16 MB."""
+    return _gemm_weights(x, weight, grad_out.shape[2:])
+
+
+def _gemm_weights(x: torch.Tensor, weight: torch.Tensor, column_pixels: Any) -> int:
+    column = int(x.shape[1]) * math.prod(weight.shape[2:]) * math.prod(column_pixels)
     return GEMM_3D_WEIGHT_COPIES * _nbytes(weight.shape) + column * F32 + GEMM_3D_ALIGN
+
+
+def _wider_than_input(x: torch.Tensor, weight: torch.Tensor, dilation: Any) -> bool:
+    """Some dilated kernel extent, (k - 1) * d + 1, exceeds the input's size there."""
+    dims = zip(weight.shape[2:], dilation, x.shape[2:], strict=False)
+    return any((int(k) - 1) * int(d) + 1 > int(size) for k, d, size in dims)
+
+
+def _dilated(dilation: Any) -> bool:
+    return any(int(d) > 1 for d in dilation)
 
 
 def _conv3d_path(x: torch.Tensor, groups: int, mask: Any) -> str | None:
@@ -202,9 +234,12 @@ def _pointwise(weight: torch.Tensor, stride: Any, padding: Any) -> bool:
     return ones and not any(padding)
 
 
-def _gemm_possible(weight: torch.Tensor, dilation: Any) -> bool:
+def _gemm_possible(x: torch.Tensor, weight: torch.Tensor, dilation: Any) -> bool:
+    """oneDNN may run its GEMM forward (an im2col column blocked by a cache heuristic not
+    modelled here): from a dilation of 8, or a dilated kernel wider than the input."""
     dims = zip(weight.shape[2:], dilation, strict=False)
-    return any(k > 1 and d >= GEMM_DILATION for k, d in dims)
+    large = any(k > 1 and d >= GEMM_DILATION for k, d in dims)
+    return large or _wider_than_input(x, weight, dilation)
 
 
 @formula(aten.convolution.default)
@@ -217,7 +252,7 @@ def _forward(args: tuple, kwargs: dict, out: Any) -> KernelMemory | None:
     if _layout(x) == "nhwc":
         return KernelMemory(nhwc_forward_scratch(weight, groups))
     scratch = conv_forward_scratch(x, weight, out.shape, groups, stride)
-    return KernelMemory(scratch, partial=_gemm_possible(weight, dilation))
+    return KernelMemory(scratch, partial=_gemm_possible(x, weight, dilation))
 
 
 @formula(aten.convolution_backward.default)
@@ -236,7 +271,14 @@ def _backward(args: tuple, kwargs: dict, out: Any) -> KernelMemory | None:
     if _layout(x) == "nhwc":
         scratch = nhwc_backward_scratch(x, weight, groups, mask)
         return KernelMemory(scratch, partial=strided or torch.get_num_threads() > 1)
-    scratch = conv_backward_scratch(grad_out, x, weight, groups, strided, mask)
     threads = mask[1] and torch.get_num_threads() > 1  # per-thread weight-gradient buffers
-    unknown = _gemm_possible(weight, dilation) or threads or path == "other"
+    if x.dim() == 4 and groups == 1 and mask[1] and _wider_than_input(x, weight, dilation):
+        scratch = conv2d_gemm_weights_scratch(x, weight, grad_out)
+        measured = mask[0] and not mask[2]  # measured with the input's gradient, no bias
+        return KernelMemory(scratch, partial=threads or not measured)
+    scratch = conv_backward_scratch(grad_out, x, weight, groups, strided, mask)
+    # on a small map a dilated kernel may take other buffers (blocked columns: up to 3.6x
+    # this formula at dilation 2 on 8 and 16 px; exact on 20 shapes of 32 px): reported
+    small = _dilated(dilation) and min(int(n) for n in x.shape[2:]) <= DILATED_EXACT_FROM - 1
+    unknown = small or threads or path == "other"
     return KernelMemory(scratch, partial=unknown)

@@ -6,6 +6,7 @@ Llama-style decoder with 70B dimensions analysed on fake tensors.
     .venv/bin/python bench/memory.py llama70b [LAYERS]  # the 70B-shaped decoder (fake)
     OMP_NUM_THREADS=1 .venv/bin/python bench/memory.py kernels  # the kernel-memory nets
     OMP_NUM_THREADS=1 .venv/bin/python bench/memory.py kernel-shapes  # formulas vs kernels
+    OMP_NUM_THREADS=1 .venv/bin/python bench/memory.py kernel-grid  # 480 3x3 conv calls
 
 "kernels" runs the nets whose CPU kernels allocate memory of their own (issue #16:
 oneDNN's LSTM workspace, convolution layout copies): 2-layer LSTMs and GRUs, small
@@ -233,6 +234,41 @@ def kernel_shapes() -> None:
         print(f"| {conv_args} | {list(shape)} | {layout} | {cells[0]} | {cells[1]} |", flush=True)
 
 
+def kernel_grid() -> None:
+    """NCHW 3x3 convs over batch, channels, map size and dilation: each call's formula is
+    byte-exact or says it is partial (reported); a call counted short is printed."""
+    from torch import nn
+
+    from inspector.memory.kernels import registry
+
+    torch.set_num_threads(1)
+    counts = {"exact": 0, "partial": 0, "short": 0, "over": 0}
+    ops = (
+        (torch.ops.aten.convolution.default, "aten::convolution"),
+        (torch.ops.aten.convolution_backward.default, "aten::convolution_backward"),
+    )
+    for n in (1, 2, 4):
+        for ic, oc in ((64, 32), (256, 64), (960, 256)):
+            for h in (4, 8, 16, 32):
+                for d in (1, 2, 4, 6, 8, 12, 24, 36):
+                    conv = nn.Conv2d(ic, oc, 3, padding=d, dilation=d, bias=False)
+                    x = torch.randn(n, ic, h, h).requires_grad_(True)
+                    step = _conv_step(conv, x, torch.randn(conv(x).shape))
+                    found = _formulas(step, registry)
+                    for op, name in ops:
+                        k = found.get(op)
+                        if k is None:  # another backend (batch 1: slow_conv_dilated2d)
+                            continue
+                        measured = km.op_excess(step, name)
+                        kind = "partial" if k.partial else "exact"
+                        if not k.partial and measured != k.scratch_bytes:
+                            kind = "short" if measured > k.scratch_bytes else "over"
+                            print(f"{kind}: n={n} ic={ic} h={h} d={d} {name} "
+                                  f"{measured:,} / {k.scratch_bytes:,}", flush=True)  # fmt: skip
+                        counts[kind] += 1
+    print(counts)
+
+
 def print_row(r: dict[str, Any]) -> None:
     m, real, fake = r["measured"], r["real"], r["fake"]
     mib = 1024**2
@@ -357,6 +393,9 @@ def print_llama(r: dict[str, Any]) -> None:
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "llama70b":
         print_llama(llama70b(*(int(x) for x in argv[1:] if x.isdigit())))
+        return
+    if argv and argv[0] == "kernel-grid":
+        kernel_grid()
         return
     if argv and argv[0] == "kernel-shapes":
         kernel_shapes()

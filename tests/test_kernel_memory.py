@@ -13,6 +13,7 @@ from torch import nn
 from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options
 from inspector.memory.kernels import registry
 from inspector.memory.kernels.onednn_conv import (
+    conv2d_gemm_weights_scratch,
     conv3d_gemm_weights_scratch,
     conv_backward_scratch,
     conv_forward_scratch,
@@ -181,6 +182,81 @@ def test_conv3d_gemm_backward_weights_is_the_allocators(conv, shape):
     assert op_excess(step, "aten::convolution_backward") == conv3d_gemm_weights_scratch(
         x, conv.weight, out
     )
+
+
+def _conv_call_memory(conv: nn.Module, shape: tuple) -> dict:
+    """Each conv op's formula (through the registry, as the tracker asks it) and the
+    profiler's measure of the same call."""
+    x = torch.randn(shape, requires_grad=True)
+    r = torch.randn(conv(x).shape)
+
+    def step():
+        (conv(x) * r).sum().backward()
+
+    found = {}
+
+    class Record(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            found[func] = registry.kernel_memory(func, args, kwargs or {}, out)
+            return out
+
+    with Record():
+        step()
+    return {
+        name: (op_excess(step, f"aten::{name}"), found[getattr(aten, name).default])
+        for name in ("convolution", "convolution_backward")
+    }
+
+
+@pytest.mark.parametrize(
+    "conv,shape",
+    [
+        # DeepLabV3-MobileNet's ASPP at 64 px: 960 -> 256 at rate 12 on a 4x4 map
+        (nn.Conv2d(960, 256, 3, 1, 12, dilation=12, bias=False), (2, 960, 4, 4)),
+        (nn.Conv2d(256, 64, 3, 1, 36, dilation=36, bias=False), (1, 256, 16, 16)),
+        (nn.Conv2d(64, 32, 3, 1, 4, dilation=4, bias=False), (4, 64, 8, 8)),
+    ],
+)
+def test_gemm_backward_weights_of_a_kernel_wider_than_its_map_is_the_allocators(conv, shape):
+    """The dilated kernel spans more than the map: oneDNN's GEMM backward weights (4 weight
+    copies and one image's column). The direct formula had DeepLabV3-MobileNet's ASPP at
+    0.16 MB for 35.9 MB: its peak 7.2% under the allocator."""
+    (measured, km) = _conv_call_memory(conv, shape)["convolution_backward"]
+    x, out = torch.empty(shape), conv(torch.empty(shape))
+    assert measured == km.scratch_bytes == conv2d_gemm_weights_scratch(x, conv.weight, out)
+    assert not km.partial
+
+
+def test_conv2d_gemm_backward_weights_by_hand():
+    x, w, out = torch.empty(2, 960, 4, 4), torch.empty(256, 960, 3, 3), torch.empty(2, 256, 4, 4)
+    # 4 weight copies of 256 x 960 x 9 x 4 B, the column 960 x 9 x 16 x 4 B, 256 B aligned
+    assert conv2d_gemm_weights_scratch(x, w, out) == 4 * 8_847_360 + 552_960 + 256
+
+
+@pytest.mark.parametrize(
+    "conv,shape",
+    [
+        (nn.Conv2d(960, 256, 3, 1, 1, bias=False), (2, 960, 8, 8)),  # a late 3x3, small map
+        (nn.Conv2d(256, 64, 3, 1, 1, bias=False), (4, 256, 4, 4)),
+    ],
+)
+def test_the_weight_gradient_read_out_of_its_blocked_copy_is_counted(conv, shape):
+    """On a small map the moment both weight gradients live (oneDNN's blocked one, read
+    out into the plain output) is the call's peak: one weight more than the copies of the
+    activations; the formula missed it (960 -> 256 on 8 x 8: 0.62 MB for 8.85 MB)."""
+    measured, km = _conv_call_memory(conv, shape)["convolution_backward"]
+    assert measured == km.scratch_bytes == conv.weight.numel() * 4
+    assert not km.partial
+
+
+def test_a_dilated_conv_on_a_small_map_is_reported_not_counted_short():
+    """Dilation 2 on 8 x 8 at batch 2 takes buffers the formula does not know (measured
+    73,728 B against 49,152): the call says it is partial, so the report names it."""
+    measured, km = _conv_call_memory(nn.Conv2d(64, 32, 3, 1, 2, dilation=2), (2, 64, 8, 8))[
+        "convolution_backward"
+    ]
+    assert measured > km.scratch_bytes and km.partial
 
 
 def test_conv3d_gemm_backward_weights_by_hand():

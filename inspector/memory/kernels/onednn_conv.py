@@ -11,14 +11,18 @@ what the peak inside the call depends on:
 - backward, data: D (the output gradient), W, the input-gradient copy S; then the plain
   input gradient with S live (and one more S-sized copy for a strided conv).
 - backward, weights (the input gradient kept): S, D, a weight-gradient copy and a
-  bias-gradient copy; the plain weight and bias gradients come after the frees.
+  bias-gradient copy; the plain weight gradient is read out of its copy while both live
+  (on a small map, as a 960 -> 256 conv on 8 x 8, that moment is the call's peak).
 - an output gradient that is not contiguous (the backward of `.sum()`) is copied first
   and held throughout.
 A 1x1, stride-1, unpadded conv runs as a plain GEMM, with no copies.
 A 3-D conv's backward weights at batch >= 2 and input depth <= 2 (r3d_18's layers 2-4 at 4
 frames) runs oneDNN's GEMM kernel: 4 weight-sized partial gradients and an im2col column of
 one output depth slice, byte-exact on 4 shapes (r3d_18: -2.7% -> 0.0%); at batch 1 another
-GEMM kernel runs (a whole im2col), not modelled, so the call is reported.
+GEMM kernel runs (a whole im2col), not modelled, so the call is reported. A 2-D conv
+whose dilated kernel is wider than its map (DeepLabV3's ASPP at rates 12-36 on 4 x 4 or
+8 x 8) runs the same GEMM backward weights over one image's column; on maps under 32 px a
+dilated conv's backward may take other buffers, so those calls are reported.
 
 Channels-last (NHWC) tensors, as ConvNeXt's permutes leave them, are read and written in
 place; only the weights are copied: forward two weight copies and a scratchpad (a
@@ -30,13 +34,16 @@ Measured on 23 single convs at one thread (`bench/memory.py kernel-shapes`): 18 
 one 256 B under (a padded bias copy), three the unmodelled cases below, and a 3D first
 layer whose input requires grad 4% under in backward; the small r3d_18, DeepLabV3 and
 ConvNeXt nets byte-exact (the channels-last scratchpad sizes are the ones measured here).
-Not modelled, so the call is reported: a strided channels-last backward (its
-scratchpad), a dilation of 8 or more (oneDNN may take its GEMM implementation there, with
-per-thread im2col buffers, depending on batch and size), backward with more than one
-thread (per-thread weight-gradient reduction buffers). Counted as 0: the small
-scratchpads of strided backward-data and depthwise backward-weights kernels on NCHW
-tensors. Not counted at all, and reported: transposed convs, 3D channels-last tensors,
-other dtypes, other backends and CPUs without AVX-512 (other channel blocks).
+A grid of 480 NCHW 3x3 calls (`bench/memory.py kernel-grid`: batch 1-4, 64-960 input
+channels, 4-32 px, dilation 1-36, forward and backward): 297 byte-exact, 183 reported,
+none counted short. Not modelled, so the call is reported: a strided channels-last
+backward (its scratchpad), the forward at a dilation of 8 or more or of a kernel wider
+than its map (oneDNN's GEMM forward: an im2col column blocked by a cache heuristic),
+backward with more than one thread (per-thread weight-gradient reduction buffers).
+Counted as 0: the small scratchpads of strided backward-data and depthwise
+backward-weights kernels on NCHW tensors. Not counted at all, and reported: transposed
+convs, 3D channels-last tensors, other dtypes, other backends and CPUs without AVX-512
+(other channel blocks).
 """
 
 from __future__ import annotations

@@ -174,3 +174,42 @@ class ShapeBranch(nn.Module):
 
 
 ShapeBranch.LINE = ShapeBranch.forward.__code__.co_firstlineno + 2
+
+
+def test_a_module_reached_by_two_paths_gets_its_own_parameters_back() -> None:
+    """timm CoaT hands one position-encoding conv to several blocks: swapped for meta
+    under each of its paths, the second swap kept the first's meta copy as the original,
+    and the user's model came out with meta parameters (its memory pass and gradients
+    then failed: 'expected device meta but got cpu')."""
+    from torch import nn
+
+    from inspector.graph.metarun import run_on_meta
+
+    class Shared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pos = nn.Conv2d(4, 4, 3, padding=1)
+            self.blocks = nn.ModuleList([nn.Sequential(self.pos, nn.ReLU()) for _ in range(2)])
+            self.tied = nn.Linear(4, 4)
+            self.head = nn.Linear(4, 4)
+            self.head.weight = self.tied.weight  # a tied tensor in two modules
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.tied(x.mean((2, 3))))
+
+    model = Shared()
+    before = {n: p for n, p in model.named_parameters(remove_duplicate=False)}
+    seen = run_on_meta(
+        model,
+        lambda: (
+            model.pos.weight.device.type,
+            model(torch.empty(2, 4, 8, 8, device="meta")).device.type,
+        ),
+    )
+    assert seen == ("meta", "meta")
+    after = dict(model.named_parameters(remove_duplicate=False))
+    assert after.keys() == before.keys()
+    assert all(after[n] is before[n] for n in before)  # the same objects, on the CPU
+    assert model.head.weight is model.tied.weight

@@ -31,7 +31,7 @@ from torch.utils._pytree import tree_flatten, tree_flatten_with_path, tree_map
 
 from inspector.graph.exportcapture import Flat, flat_tensors
 from inspector.graph.fxcapture import FLAT_INPUTS, FxTracer, trace_with_leaves
-from inspector.graph.metarun import meta_like, on_meta_device, single_device
+from inspector.graph.metarun import meta_like, on_meta_device, single_device, unique_tensor_names
 from inspector.graph.tensors import tensor_leaves
 
 __all__ = [
@@ -216,9 +216,11 @@ class _GuidedTracer(FxTracer):
             return getattr(a[0], target)(*a[1:], **k)
         if kind == "call_module":  # a leaf: its own forward, with meta parameters
             module = self.root.get_submodule(target)
-            own = {n: self.state[f"{target}.{n}"] for n in _tensor_names(module)}
+            own = {n: self.state[f"{target}.{n}"] for n in unique_tensor_names(module)}
             with _maybe_revert_all_patches():  # fx patches Module.__call__ while tracing
-                return torch.func.functional_call(module, own, a, k, strict=False)
+                return torch.func.functional_call(
+                    module, own, a, k, strict=False, tie_weights=False
+                )
         raise GuidedTraceError(f"unexpected node kind {kind}")
 
     def _values(self, obj: Any) -> Any:
@@ -243,11 +245,6 @@ def _to_meta(x: Any) -> Any:
 def _attr(root: nn.Module, path: str) -> Any:
     owner, _, name = path.rpartition(".")
     return getattr(root.get_submodule(owner) if owner else root, name)
-
-
-def _tensor_names(module: nn.Module) -> list[str]:
-    params = [n for n, _ in module.named_parameters(remove_duplicate=False)]
-    return params + [n for n, _ in module.named_buffers(remove_duplicate=False)]
 
 
 def meta_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -17,7 +17,14 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-__all__ = ["meta_like", "on_meta_device", "run_on_meta", "single_device", "to_meta"]
+__all__ = [
+    "meta_like",
+    "on_meta_device",
+    "run_on_meta",
+    "single_device",
+    "to_meta",
+    "unique_tensor_names",
+]
 
 
 def single_device(module: nn.Module, values: Any) -> torch.device | None:
@@ -68,9 +75,12 @@ def to_meta(values: Any) -> Any:
 
 def _state(module: nn.Module) -> dict[str, torch.Tensor]:
     """Every tensor the module reaches by name: parameters and buffers (each name of a
-    tied one), and plain tensor attributes (constants of fx and export graphs)."""
+    tied one), and plain tensor attributes (constants of fx and export graphs). A module
+    reached by two paths (timm CoaT's shared position encodings) is named once: swapped
+    under both, the second swap saved the first's meta copy as the original and put it
+    back, and the user's model kept meta parameters."""
     out: dict[str, torch.Tensor] = {}
-    for prefix, sub in module.named_modules(remove_duplicate=False):
+    for prefix, sub in module.named_modules():
         dot = prefix + "." if prefix else ""
         for name, value in vars(sub).items():
             if isinstance(value, torch.Tensor) and not name.startswith("__"):
@@ -82,6 +92,17 @@ def _state(module: nn.Module) -> dict[str, torch.Tensor]:
             if b is not None:
                 out[dot + name] = b
     return out
+
+
+def unique_tensor_names(module: nn.Module) -> list[str]:
+    """Parameter and buffer names, one per (module, attribute): what to swap so that each
+    is swapped, and put back, once (tied tensors of distinct modules keep each name)."""
+    names = []
+    for prefix, sub in module.named_modules():
+        dot = prefix + "." if prefix else ""
+        names += [dot + n for n, t in sub._parameters.items() if t is not None]
+        names += [dot + n for n, t in sub._buffers.items() if t is not None]
+    return names
 
 
 class _Call(nn.Module):
@@ -102,4 +123,6 @@ def run_on_meta(module: nn.Module, fn: Callable[[], Any]) -> Any:
         if id(t) not in copies:
             copies[id(t)] = meta_like(t)
         state["target." + name] = copies[id(t)]
-    return torch.func.functional_call(_Call(module, fn), state, (), strict=False)
+    # every name is given (tied ones too): torch's tying would swap a module reached by
+    # two paths twice, as above
+    return torch.func.functional_call(_Call(module, fn), state, (), strict=False, tie_weights=False)

@@ -166,9 +166,10 @@ def _gemm_weights(x: torch.Tensor, weight: torch.Tensor, column_pixels: Any) -> 
 
 
 def _wider_than_input(x: torch.Tensor, weight: torch.Tensor, dilation: Any) -> bool:
-    """Some dilated kernel extent, (k - 1) * d + 1, exceeds the input's size there."""
+    """Some dilated kernel extent, (k - 1) * d + 1 with d > 1, exceeds the input's size
+    there (an undilated 3x3 on ResNet-18's 2x2 layer4 map runs the direct kernel)."""
     dims = zip(weight.shape[2:], dilation, x.shape[2:], strict=False)
-    return any((int(k) - 1) * int(d) + 1 > int(size) for k, d, size in dims)
+    return any(int(d) > 1 and (int(k) - 1) * int(d) + 1 > int(size) for k, d, size in dims)
 
 
 def _dilated(dilation: Any) -> bool:

@@ -193,16 +193,7 @@ def _conv_call_memory(conv: nn.Module, shape: tuple) -> dict:
     def step():
         (conv(x) * r).sum().backward()
 
-    found = {}
-
-    class Record(torch.utils._python_dispatch.TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            found[func] = registry.kernel_memory(func, args, kwargs or {}, out)
-            return out
-
-    with Record():
-        step()
+    found = _formulas_of(step)
     return {
         name: (op_excess(step, f"aten::{name}"), found[getattr(aten, name).default])
         for name in ("convolution", "convolution_backward")
@@ -402,3 +393,60 @@ def test_on_another_cpu_the_onednn_kernels_are_named(monkeypatch):
     model, (args, _) = make_rnn("lstm", batch=2, steps=5)
     report = _pass(model, args, measure=False)
     assert report.memory.unmodelled_kernel_ops == ["mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"]
+
+
+@pytest.mark.parametrize(
+    "shape,training,channels_last",
+    [((8, 32, 16, 16), True, False), ((2, 64, 8, 8), False, False), ((4, 16, 8, 8), True, True)],
+)
+def test_batch_norm_backward_scratch_is_the_allocators(shape, training, channels_last):
+    """One input-sized buffer inside the call whenever the input's gradient is asked for."""
+    bn = nn.BatchNorm2d(shape[1]).train(training)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(shape).to(memory_format=fmt).requires_grad_(True)
+    g = torch.randn(shape).to(memory_format=fmt)
+
+    def step():
+        bn(x).backward(g)
+
+    expected = x.numel() * 4
+    assert op_excess(step, "aten::native_batch_norm_backward") == expected
+    calls = _formulas_of(step)
+    assert calls[aten.native_batch_norm_backward.default].scratch_bytes == expected
+
+
+def test_weight_standardisation_backward_is_counted():
+    """timm's NFNet convs standardise their weight with F.batch_norm in forward: its
+    backward's buffer (weight-sized) is the step's to count, fake and real alike."""
+
+    class StdConv(nn.Conv2d):
+        def forward(self, x):
+            w = nn.functional.batch_norm(
+                self.weight.reshape(1, self.out_channels, -1), None, None, training=True
+            ).reshape_as(self.weight)
+            return nn.functional.conv2d(x, w, self.bias, self.stride, self.padding)
+
+    conv = StdConv(64, 128, 3, padding=1)
+    x = torch.randn(2, 64, 8, 8)
+
+    def step():
+        conv(x).sum().backward()
+
+    calls = _formulas_of(step)
+    assert op_excess(step, "aten::native_batch_norm_backward") == conv.weight.numel() * 4
+    assert calls[aten.native_batch_norm_backward.default].scratch_bytes == conv.weight.numel() * 4
+
+
+def _formulas_of(step) -> dict:
+    """Each op's kernel-memory formula over `step`, as the tracker asks it."""
+    found = {}
+
+    class Record(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            found[func] = registry.kernel_memory(func, args, kwargs or {}, out)
+            return out
+
+    with Record():
+        step()
+    return found

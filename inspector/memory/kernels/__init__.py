@@ -1,7 +1,11 @@
 """Kernel memory below the aten-op level: a registry of per-op formulas (`registry`) and
-the kernels they describe (`onednn_rnn`, `onednn_conv`)."""
+the kernels they describe (`onednn_rnn`, `onednn_conv`, `batchnorm`)."""
 
-from inspector.memory.kernels import onednn_conv, onednn_rnn  # noqa: F401  (register formulas)
+from inspector.memory.kernels import (  # noqa: F401  (register formulas)
+    batchnorm,
+    onednn_conv,
+    onednn_rnn,
+)
 from inspector.memory.kernels.registry import (
     FORMULAS,
     UNKNOWN,

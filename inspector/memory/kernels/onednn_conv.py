@@ -193,8 +193,11 @@ def _depthwise(weight: torch.Tensor, groups: int) -> bool:
 
 
 def nhwc_forward_scratch(weight: torch.Tensor, groups: int) -> int:
-    w = _nbytes(weight.shape)
-    return w if _depthwise(weight, groups) else 2 * w + NHWC_FORWARD_SCRATCH
+    """A depthwise conv's one weight copy is blocked by group, its channels padded to the
+    block (timm CoaT's 24- and 120-channel position encodings: 32 and 128)."""
+    if _depthwise(weight, groups):
+        return _weights(weight, groups, False)
+    return 2 * _nbytes(weight.shape) + NHWC_FORWARD_SCRATCH
 
 
 def nhwc_backward_scratch(x: torch.Tensor, weight: torch.Tensor, groups: int, mask: Any) -> int:

@@ -193,6 +193,7 @@ def _hold_line(
         # Objects made so far are the child's too: out of the collector's sight, it never
         # touches (and so copies) their pages.
         gc.freeze()
+        _return_free_memory()
         pid = os.fork()
         if pid == 0:
             _child(ctx, passes, i, line, trace_path)  # never returns
@@ -202,6 +203,20 @@ def _hold_line(
             return False
         _record_failure(ctx, name, status, trace_path, time.perf_counter() - began)
     return True
+
+
+def _return_free_memory() -> None:
+    """Hand the heap's free pages back to the kernel before forking: this process then
+    only waits, holding the state, while its child runs the pass. A pass's activations
+    go back to glibc's heap when freed, not to the kernel, so every process of the chain
+    kept the largest heap of its own pass: GPT-2 small at [4, 512] had four 7 GB
+    processes waiting on each other, 20 of the machine's 23 GB used."""
+    with suppress(OSError, AttributeError):
+        _libc().malloc_trim(0)
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _wait(pid: int, channel: _Channel, notify: Notify) -> int:
@@ -256,8 +271,7 @@ def _child(ctx: Any, passes: list[SelectedPass], i: int, line: _Line, trace_path
 
 def become_child() -> None:
     """Die with the parent; one intra-op thread (the parent's OpenMP pool is not ours)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     import torch
 
     if torch.get_num_threads() != 1:

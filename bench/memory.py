@@ -189,28 +189,9 @@ def _conv_step(conv: Any, x: torch.Tensor, r: torch.Tensor) -> Any:
     return step
 
 
-def _formulas(step: Any, registry: Any) -> dict[Any, Any]:
-    """What each op's formula says when `step` runs."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    found: dict[Any, Any] = {}
-
-    class Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-            out = func(*args, **(kwargs or {}))
-            found[func] = registry.kernel_memory(func, args, kwargs or {}, out)
-            return out
-
-    with Record():
-        step()
-    return found
-
-
 def kernel_shapes() -> None:
     """Each conv's kernel memory, formula vs the profiler, forward and backward."""
     from torch import nn
-
-    from inspector.memory.kernels import registry
 
     torch.set_num_threads(1)
     print("| conv | input | layout | forward measured / formula | backward measured / formula |")
@@ -221,7 +202,7 @@ def kernel_shapes() -> None:
         x = torch.randn(shape).to(memory_format=fmt).requires_grad_(True)
         r = torch.randn(conv(x).shape).to(memory_format=fmt)
         step = _conv_step(conv, x, r)
-        found = _formulas(step, registry)
+        found = km.formulas_of(step)
         cells = []
         for op, name in (
             (torch.ops.aten.convolution.default, "aten::convolution"),
@@ -239,8 +220,6 @@ def kernel_grid() -> None:
     byte-exact or says it is partial (reported); a call counted short is printed."""
     from torch import nn
 
-    from inspector.memory.kernels import registry
-
     torch.set_num_threads(1)
     counts = {"exact": 0, "partial": 0, "short": 0, "over": 0}
     ops = (
@@ -254,7 +233,7 @@ def kernel_grid() -> None:
                     conv = nn.Conv2d(ic, oc, 3, padding=d, dilation=d, bias=False)
                     x = torch.randn(n, ic, h, h).requires_grad_(True)
                     step = _conv_step(conv, x, torch.randn(conv(x).shape))
-                    found = _formulas(step, registry)
+                    found = km.formulas_of(step)
                     for op, name in ops:
                         k = found.get(op)
                         if k is None:  # another backend (batch 1: slow_conv_dilated2d)

@@ -7,6 +7,7 @@ dilated-conv head like DeepLabV3's ASPP and a ConvNeXt block (depthwise 7x7). Ea
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -206,3 +207,23 @@ def op_excess(fn: Callable[[], object], name: str) -> int:
             peak = max(peak, live)
         return peak - live
     raise ValueError(f"{name} did not run")
+
+
+def formulas_of(step: Callable[[], object]) -> dict[Any, Any]:
+    """What each op's kernel-memory formula says when `step` runs, asked as the memory
+    tracker asks it (the other side of `op_excess`)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from inspector.memory.kernels import registry
+
+    found: dict[Any, Any] = {}
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            out = func(*args, **(kwargs or {}))
+            found[func] = registry.kernel_memory(func, args, kwargs or {}, out)
+            return out
+
+    with Record():
+        step()
+    return found

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_models import make_convnext, make_deeplab, make_r3d, make_rnn, op_excess
+from kernel_models import formulas_of, make_convnext, make_deeplab, make_r3d, make_rnn, op_excess
 from models import make_mlp
 from torch import nn
 
@@ -193,7 +193,7 @@ def _conv_call_memory(conv: nn.Module, shape: tuple) -> dict:
     def step():
         (conv(x) * r).sum().backward()
 
-    found = _formulas_of(step)
+    found = formulas_of(step)
     return {
         name: (op_excess(step, f"aten::{name}"), found[getattr(aten, name).default])
         for name in ("convolution", "convolution_backward")
@@ -411,7 +411,7 @@ def test_batch_norm_backward_scratch_is_the_allocators(shape, training, channels
 
     expected = x.numel() * 4
     assert op_excess(step, "aten::native_batch_norm_backward") == expected
-    calls = _formulas_of(step)
+    calls = formulas_of(step)
     assert calls[aten.native_batch_norm_backward.default].scratch_bytes == expected
 
 
@@ -432,21 +432,6 @@ def test_weight_standardisation_backward_is_counted():
     def step():
         conv(x).sum().backward()
 
-    calls = _formulas_of(step)
+    calls = formulas_of(step)
     assert op_excess(step, "aten::native_batch_norm_backward") == conv.weight.numel() * 4
     assert calls[aten.native_batch_norm_backward.default].scratch_bytes == conv.weight.numel() * 4
-
-
-def _formulas_of(step) -> dict:
-    """Each op's kernel-memory formula over `step`, as the tracker asks it."""
-    found = {}
-
-    class Record(torch.utils._python_dispatch.TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            found[func] = registry.kernel_memory(func, args, kwargs or {}, out)
-            return out
-
-    with Record():
-        step()
-    return found

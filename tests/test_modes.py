@@ -11,6 +11,7 @@ from torch import nn
 from inspector.context import Options
 from inspector.health.adhoc import context_for
 from inspector.health.modecheck import reads_training
+from inspector.health.state import rng_watched
 from inspector.passes import modes
 
 
@@ -113,3 +114,14 @@ def test_the_reseeded_eval_run_only_when_eval_draws_random_numbers(noise: bool) 
     assert model.calls == (3 if noise else 2)
     assert section.computed and (section.eval_max_abs_diff > 0) is noise
     assert (section.eval_first_differing_node is not None) is noise
+
+
+def test_rng_watched_sees_draws_from_the_default_generator_only() -> None:
+    with rng_watched() as quiet:
+        torch.zeros(3).add_(1)
+    with rng_watched() as noisy:
+        torch.rand(3)
+    own = torch.Generator().manual_seed(0)
+    with rng_watched() as private:
+        torch.rand(3, generator=own)  # a model's own generator: `seeded` cannot reseed it
+    assert (quiet.drew, noisy.drew, private.drew) == (False, True, False)

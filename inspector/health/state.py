@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
-__all__ = ["preserved", "seeded", "rng_watched"]
+__all__ = ["RngWatch", "preserved", "rng_watched", "seeded"]
 
 
 @contextmanager
@@ -19,8 +19,7 @@ def preserved(model: nn.Module) -> Iterator[None]:
     with torch.no_grad():
         buffers = [(b, b.detach().clone()) for b in model.buffers()]
     grads = [(p, p.grad) for p in model.parameters()]
-    cpu_rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    rng = _rng_states()
     try:
         yield
     finally:
@@ -31,9 +30,9 @@ def preserved(model: nn.Module) -> Iterator[None]:
                 buffer.copy_(saved)
         for param, grad in grads:
             param.grad = grad
-        torch.set_rng_state(cpu_rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
+        torch.set_rng_state(rng[0])
+        if len(rng) > 1:
+            torch.cuda.set_rng_state_all(list(rng[1:]))
 
 
 def seeded(seed: int) -> None:
@@ -41,24 +40,27 @@ def seeded(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _rng_states() -> tuple:
+def _rng_states() -> tuple[torch.Tensor, ...]:
+    """torch's default CPU generator, then each CUDA device's (once CUDA is initialised)."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
     return (torch.get_rng_state(), *cuda)
 
 
+class RngWatch:
+    """Set on leaving `rng_watched`: `drew`, whether the block drew from the generators
+    `seeded` seeds. A run that drew nothing gives the same values under any seed; a
+    model's own `torch.Generator` is not seen, nor reseeded by `seeded`."""
+
+    drew: bool = False
+
+
 @contextmanager
-def rng_watched() -> Iterator[Callable[[], bool]]:
-    """`drew()` after the block: whether it drew from the generators `seeded` seeds (torch's
-    default CPU and CUDA generators). A run that drew nothing gives the same values under
-    any seed; a model's own `torch.Generator` is not seen, nor reseeded by `seeded`."""
-    before: tuple = _rng_states()
-    after: list[tuple] = []
+def rng_watched() -> Iterator[RngWatch]:
+    watch, before = RngWatch(), _rng_states()
     try:
-        yield (
-            lambda: (
-                len(after[0]) != len(before)
-                or any(not torch.equal(a, b) for a, b in zip(after[0], before, strict=True))
-            )
-        )
+        yield watch
     finally:
-        after.append(_rng_states())
+        after = _rng_states()
+        watch.drew = len(after) != len(before) or any(
+            not torch.equal(a, b) for a, b in zip(after, before, strict=True)
+        )

@@ -48,8 +48,9 @@ def run(ctx: Context) -> None:
         # eval first: the train run updates BatchNorm running stats that eval would read
         evaluated = _forward(ctx, training=False)
         # the reseeded run can only differ through the generators `seeded` seeds
-        drew = evaluated.drew
-        reseeded = _forward(ctx, training=False, seed=ctx.options.seed + 1) if drew else None
+        reseeded = (
+            _forward(ctx, training=False, seed=ctx.options.seed + 1) if evaluated.drew else None
+        )
         handles = batchnorm_probe(ctx.model, batchnorm)
         try:
             train = _forward(ctx, training=True)
@@ -74,9 +75,9 @@ def _forward(ctx: Context, training: bool, seed: int | None = None) -> _Run:
     ctx.model.train(training)
     seeded(ctx.options.seed if seed is None else seed)
     try:
-        with torch.no_grad(), rng_watched() as drew:
+        with torch.no_grad(), rng_watched() as watch:
             output, _ = run_nodes(ctx, lambda ref, v: _keep(result, ref, v), graph=False)
-        result.drew = drew()
+        result.drew = watch.drew
     except Exception as exc:  # noqa: BLE001 - the user's forward; reported, not raised
         where = user_location(exc, ctx.loaded.user_files)
         at = f" at {where[0]}" if where else ""

@@ -7,6 +7,7 @@ Llama-style decoder with 70B dimensions analysed on fake tensors.
     OMP_NUM_THREADS=1 .venv/bin/python bench/memory.py kernels  # the kernel-memory nets
     OMP_NUM_THREADS=1 .venv/bin/python bench/memory.py kernel-shapes  # formulas vs kernels
     OMP_NUM_THREADS=1 .venv/bin/python bench/memory.py kernel-grid  # 480 3x3 conv calls
+    OMP_NUM_THREADS=1 .venv/bin/python bench/memory.py kernel-depthwise  # 1,152 dw calls
 
 "kernels" runs the nets whose CPU kernels allocate memory of their own (issue #16:
 oneDNN's LSTM workspace, convolution layout copies): 2-layer LSTMs and GRUs, small
@@ -248,6 +249,55 @@ def kernel_grid() -> None:
     print(counts)
 
 
+def _depthwise_input(layout: str, n: int, c: int, h: int) -> torch.Tensor:
+    """Dense NCHW/NHWC, or channels c..2c of a 3c tensor (CoaT's qkv slices)."""
+    if layout == "nhwc":
+        return torch.randn(n, c, h, h).to(memory_format=torch.channels_last)
+    if layout == "nhwc-slice":
+        return torch.randn(n, h, h, 3 * c).permute(0, 3, 1, 2)[:, c : 2 * c].detach()
+    if layout == "nchw-slice":
+        return torch.randn(n, 3 * c, h, h)[:, c : 2 * c].detach()
+    return torch.randn(n, c, h, h)
+
+
+def kernel_depthwise() -> None:
+    """Depthwise convs (3x3-7x7, 2-16 px, 16/24/96 channels, stride 1-2, bias or not) in
+    four layouts: each call's formula byte-exact, or partial (reported); short or over
+    calls are printed."""
+    from torch import nn
+
+    torch.set_num_threads(1)
+    counts = {"exact": 0, "partial": 0, "short": 0, "over": 0}
+    ops = (
+        (torch.ops.aten.convolution.default, "aten::convolution"),
+        (torch.ops.aten.convolution_backward.default, "aten::convolution_backward"),
+    )
+    grid = [
+        (layout, k, h, c, stride, bias)
+        for layout in ("nhwc", "nhwc-slice", "nchw", "nchw-slice")
+        for k in (3, 5, 7)
+        for h in (2, 4, 8, 16)
+        for c in (16, 24, 96)
+        for stride in (1, 2)
+        for bias in (True, False)
+    ]
+    for layout, k, h, c, stride, bias in grid:
+        conv = nn.Conv2d(c, c, k, padding=k // 2, groups=c, bias=bias, stride=stride)
+        x = _depthwise_input(layout, 2, c, h).requires_grad_(True)
+        fmt = torch.channels_last if layout.startswith("nhwc") else torch.contiguous_format
+        step = _conv_step(conv, x, torch.randn(conv(x).shape).to(memory_format=fmt))
+        found = km.formulas_of(step)
+        for op, name in ops:
+            f, measured = found[op], km.op_excess(step, name)
+            kind = "partial" if f.partial else "exact"
+            if not f.partial and measured != f.scratch_bytes:
+                kind = "short" if measured > f.scratch_bytes else "over"
+                print(f"{kind}: {layout} k={k} h={h} c={c} s={stride} bias={bias:d} {name} "
+                      f"{measured:,} / {f.scratch_bytes:,}", flush=True)  # fmt: skip
+            counts[kind] += 1
+    print(counts)
+
+
 def print_row(r: dict[str, Any]) -> None:
     m, real, fake = r["measured"], r["real"], r["fake"]
     mib = 1024**2
@@ -378,6 +428,9 @@ def main(argv: list[str]) -> None:
         return
     if argv and argv[0] == "kernel-shapes":
         kernel_shapes()
+        return
+    if argv and argv[0] == "kernel-depthwise":
+        kernel_depthwise()
         return
     if argv and argv[0] == "kernels":
         print(

@@ -27,8 +27,16 @@ dilated conv's backward may take other buffers, so those calls are reported.
 Channels-last (NHWC) tensors, as ConvNeXt's permutes leave them, are read and written in
 place; only the weights are copied: forward two weight copies and a scratchpad (a
 depthwise conv: one copy); backward data a weight copy (input channels padded) and a
-scratchpad; backward weights three weight-sized buffers besides the gradients (a
-depthwise conv: a per-channel reduction buffer of 256 x kernel floats).
+scratchpad; backward weights three weight-sized buffers besides the gradients. A
+depthwise conv's weight gradient takes one of two kernels (`_nhwc_depthwise_backward`):
+a direct one up to 3 x 3, or one with a per-channel reduction buffer of 256 x kernel
+floats (CoaT's 5 x 5 and 7 x 7 position encodings: 5.9 MB for a 2 x 2 map).
+The format is the one PyTorch hands oneDNN (channels-last when the input's or the
+weight's strides suggest it); an input that is not dense in it (CoaT's channel slices of
+its qkv) is copied dense first, and the copy lives through the call. A bias whose
+channels are not a multiple of the block is copied padded. Depthwise convs on NCHW
+tensors: the backward of a 3 x 3 holds the blocked input and output gradient; larger
+kernels on large enough maps are modelled, the rest reported.
 
 Measured on 23 single convs at one thread (`bench/memory.py kernel-shapes`): 18 byte-exact,
 one 256 B under (a padded bias copy), three the unmodelled cases below, and a 3D first
@@ -36,14 +44,18 @@ layer whose input requires grad 4% under in backward; the small r3d_18, DeepLabV
 ConvNeXt nets byte-exact (the channels-last scratchpad sizes are the ones measured here).
 A grid of 480 NCHW 3x3 calls (`bench/memory.py kernel-grid`: batch 1-4, 64-960 input
 channels, 4-32 px, dilation 1-36, forward and backward): 297 byte-exact, 183 reported,
-none counted short. Not modelled, so the call is reported: a strided channels-last
-backward (its scratchpad), the forward at a dilation of 8 or more or of a kernel wider
-than its map (oneDNN's GEMM forward: an im2col column blocked by a cache heuristic),
-backward with more than one thread (per-thread weight-gradient reduction buffers).
-Counted as 0: the small scratchpads of strided backward-data and depthwise
-backward-weights kernels on NCHW tensors. Not counted at all, and reported: transposed
-convs, 3D channels-last tensors, other dtypes, other backends and CPUs without AVX-512
-(other channel blocks).
+none counted short. A grid of 576 depthwise convs, 1,152 calls
+(`bench/memory.py kernel-depthwise`: 3 x 3 to 7 x 7, 2-16 px, 16-96 channels, stride 1-2,
+with and without bias, NHWC and NCHW, dense and channel slices, forward and backward):
+none counted short. Not modelled, so the
+call is reported: a strided channels-last backward (its scratchpad), the forward at a
+dilation of 8 or more or of a kernel wider than its map (oneDNN's GEMM forward: an im2col
+column blocked by a cache heuristic), the backward at a dilation of 8 or more (the same
+heuristic may pick the GEMM backward), backward with more than one thread (per-thread
+weight-gradient reduction buffers), groups narrower than the channel block (ResNeXt,
+RegNet). Counted as 0: the small scratchpads of strided backward-data kernels on NCHW
+tensors. Not counted at all, and reported: transposed convs, 3D channels-last tensors,
+other dtypes, other backends and CPUs without AVX-512 (other channel blocks).
 """
 
 from __future__ import annotations
@@ -138,7 +150,17 @@ def conv_backward_scratch(
     if mask[1]:  # the blocked weight gradient is read out into the plain one: both live
         weights = max(weights, end + _weights(weight, groups, first))
     copied = 0 if grad_out.is_contiguous() else _nbytes(grad_out.shape)
-    return copied + max(0, max(data, weights) - end)
+    # a depthwise conv's bias gradient takes no more (measured on 5x5 and 7x7, 24 channels)
+    padded_bias = bool(mask[2]) and oc % BLOCK != 0 and not _depthwise(weight, groups)
+    return copied + max(0, max(data, weights) - end) + _bias_scratch(oc, padded_bias)
+
+
+def _bias_scratch(oc: int, bias: bool) -> int:
+    """A bias of output channels not a multiple of the block is copied padded into a
+    scratchpad (forward: byte-exact on 4 shapes); backward its gradient's buffers take
+    96-288 B more than the formula above: this bound, up to 160 B over. (On a map of 8 px
+    a bias of 64 channels takes 256 B more too, not counted.)"""
+    return _pad(oc) * F32 + SCRATCHPAD_ALIGN if bias else 0
 
 
 def conv3d_gemm_weights_scratch(x: torch.Tensor, weight: torch.Tensor, grad_out: Any) -> int:
@@ -192,6 +214,15 @@ def _depthwise(weight: torch.Tensor, groups: int) -> bool:
     return groups > 1 and int(weight.shape[1]) == 1 and int(weight.shape[0]) == groups
 
 
+def _grouped(weight: torch.Tensor, groups: int) -> bool:
+    """Groups narrower than the channel block (ResNeXt's 4 channels, RegNet's 8 and 24):
+    other kernels, not measured (the formulas here put a 32 -> 24 conv in 8 groups at 8x
+    its forward scratch); groups of whole blocks (64 -> 128 in 2) are byte-exact."""
+    if groups == 1 or _depthwise(weight, groups):
+        return False
+    return int(weight.shape[1]) % BLOCK != 0 or (int(weight.shape[0]) // groups) % BLOCK != 0
+
+
 def nhwc_forward_scratch(weight: torch.Tensor, groups: int) -> int:
     """A depthwise conv's one weight copy is blocked by group, its channels padded to the
     block (timm CoaT's 24- and 120-channel position encodings: 32 and 128)."""
@@ -200,30 +231,111 @@ def nhwc_forward_scratch(weight: torch.Tensor, groups: int) -> int:
     return 2 * _nbytes(weight.shape) + NHWC_FORWARD_SCRATCH
 
 
-def nhwc_backward_scratch(x: torch.Tensor, weight: torch.Tensor, groups: int, mask: Any) -> int:
+def nhwc_backward_scratch(
+    x: torch.Tensor, weight: torch.Tensor, groups: int, mask: Any, padding: Any, dilation: Any
+) -> tuple[int, bool]:
+    """(bytes on top of the call's outputs, whether measured exact)."""
     w, oc = _nbytes(weight.shape), int(weight.shape[0])
+    if _depthwise(weight, groups):
+        return _nhwc_depthwise_backward(x, weight, mask, padding, dilation)
     grad_in = _nbytes(x.shape) if mask[0] else 0
     bias = oc * F32 * mask[2]
     end = grad_in + w * mask[1] + bias
     data = grad_in + _weights(weight, groups, False) + NHWC_BACKWARD_SCRATCH if mask[0] else 0
-    if _depthwise(weight, groups):
-        reduce = oc * math.prod(weight.shape[2:]) * NHWC_DEPTHWISE_ROWS * F32
-        partial_sums = (oc + 2) * BLOCK * F32
-        weights = grad_in + reduce + max(partial_sums + bias, 2 * bias + 2 * w)
-    else:
-        first = _first(x, groups)
-        weights = grad_in + 3 * w + _weights(weight, groups, first) + 2 * bias
-        data += w  # the forward-layout weight copy is held through the call
-    return max(0, max(data, weights * mask[1]) - end)
+    first = _first(x, groups)
+    weights = grad_in + 3 * w + _weights(weight, groups, first) + 2 * bias
+    data += w  # the forward-layout weight copy is held through the call
+    return max(0, max(data, weights * mask[1]) - end), True
 
 
-def _layout(x: torch.Tensor) -> str | None:
-    """ "nchw" (contiguous), "nhwc" (2D channels-last) or None (another layout)."""
-    if x.is_contiguous():
-        return "nchw"
-    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+def _nhwc_depthwise_backward(
+    x: torch.Tensor, weight: torch.Tensor, mask: Any, padding: Any, dilation: Any
+) -> tuple[int, bool]:
+    """Two oneDNN kernels compute a channels-last depthwise conv's weight gradient (read
+    off the profiler, `bench/memory.py kernel-depthwise`): a direct one for
+    kernels up to 3 x 3, undilated, padded by at most 1, on maps at least the kernel's
+    height (a padded weight-gradient copy, a plain one and the bias gradient's); and one
+    with a per-channel reduction buffer of 256 x kernel floats otherwise (timm CoaT's
+    5 x 5 and 7 x 7 position encodings, a 3 x 3 on a 2-px map). A bias gradient alone
+    runs the same kernel; the input gradient alone takes only a padded weight copy."""
+    w, oc = _nbytes(weight.shape), int(weight.shape[0])
+    w_pad, bias = _weights(weight, oc, False), oc * F32 * mask[2]
+    if not (mask[1] or mask[2]):
+        return w_pad, True
+    kernel, size = [int(k) for k in weight.shape[2:]], [int(n) for n in x.shape[2:]]
+    small = max(kernel) <= 3 and not _dilated(dilation)
+    if small and max(int(p) for p in padding) <= 1 and size[0] >= kernel[0]:
+        return w_pad + w + bias, True
+    reduce = oc * math.prod(kernel) * NHWC_DEPTHWISE_ROWS * F32
+    partial_sums = (oc + 2) * BLOCK * F32
+    # the weight gradient is returned or not, the scratch is the same (measured)
+    scratch = reduce + max(partial_sums + bias, 2 * bias + 2 * w) - w - bias
+    return scratch, not small  # a 3 x 3 padded by 2 takes a third kernel: not measured
+
+
+def nchw_depthwise_backward_scratch(
+    x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, stride: Any,
+    dilation: Any, mask: Any,
+) -> tuple[int, bool]:  # fmt: skip
+    """A depthwise conv on NCHW tensors, backward (`bench/memory.py kernel-depthwise`):
+    a 3 x 3, undilated, on maps of 3 px and more holds the blocked input and output
+    gradient besides the weights' copies (stride 1 or 2); a larger kernel on a map of at
+    least 2k - 2 px with more than one channel block holds the blocked input (less the
+    weight gradient when strided). Other calls (a kernel wider than its map, one channel
+    block under a 5 x 5 or 7 x 7, dilation, smaller maps) take other kernels: the
+    direct-kernel formula, reported as partial."""
+    s, d = _blocked(x.shape), _blocked(grad_out.shape)
+    w, oc = _nbytes(weight.shape), int(weight.shape[0])
+    w_pad, bias = _weights(weight, oc, False), oc * F32 * mask[2]
+    kernel, size = [int(k) for k in weight.shape[2:]], [int(n) for n in x.shape[2:]]
+    measured = bool(mask[0] and mask[1]) and not _dilated(dilation)
+    copied = 0 if grad_out.is_contiguous() else _nbytes(grad_out.shape)
+    if max(kernel) == 3 and min(size) >= 3:
+        return copied + s + d + w_pad - w, measured
+    strided = any(int(n) > 1 for n in stride)
+    generic = conv_backward_scratch(grad_out, x, weight, oc, strided, mask)  # copy included
+    out = [int(n) for n in grad_out.shape[2:]]  # a strided call's output too
+    maps = zip(size, out, kernel, strict=True)
+    wide = int(x.shape[1]) > BLOCK and all(min(n, o) >= 2 * k - 2 for n, o, k in maps)
+    if not wide:
+        return generic, False
+    if strided:
+        return copied + max(0, s - w - bias), measured
+    return generic, measured
+
+
+def _layout(x: torch.Tensor, weight: torch.Tensor | None = None) -> str | None:
+    """ "nchw", "nhwc" (2D channels-last) or None (3D channels-last): the format PyTorch
+    hands oneDNN, channels-last when the input's or the weight's strides suggest it
+    (`mkldnn_conv_use_channels_last`), dense or not (see `_dense_copy`)."""
+    if x.dim() == 5:
+        return None if _channels_last_like(x) else "nchw"
+    if _channels_last_like(x) or (weight is not None and _channels_last_like(weight)):
         return "nhwc"
-    return None
+    return "nchw"
+
+
+def _channels_last_like(t: torch.Tensor) -> bool:
+    """c10's `is_channels_last_strides_2d/3d`, which `suggest_memory_format()` reads:
+    strides increasing through C, then the spatial dims from the last, then N."""
+    if t.dim() not in (4, 5) or t.is_contiguous():
+        return False
+    sizes, strides = list(t.shape), list(t.stride())
+    if strides[1] == 0:
+        return False
+    low = 0
+    for d in (1, *range(t.dim() - 1, 1, -1), 0):
+        if sizes[d] == 0 or strides[d] < low or (d == 0 and low == strides[1]):
+            return False
+        low = strides[d] * (sizes[d] if sizes[d] > 1 else 1)
+    return True
+
+
+def _dense_copy(x: torch.Tensor, weight: torch.Tensor) -> int:
+    """A strided input (CoaT's channel slices of its qkv, an NCHW channel slice) is made
+    dense in its format before the kernel reads it; the copy lives through the call."""
+    fmt = torch.channels_last if _layout(x, weight) == "nhwc" else torch.contiguous_format
+    return 0 if x.is_contiguous(memory_format=fmt) else _nbytes(x.shape)
 
 
 def _onednn(x: torch.Tensor, weight: torch.Tensor, conv: tuple) -> bool:
@@ -232,7 +344,7 @@ def _onednn(x: torch.Tensor, weight: torch.Tensor, conv: tuple) -> bool:
         return False
     if not measured_here():
         return False
-    if _layout(x) is None:
+    if _layout(x, weight) is None:
         return False
     backend = torch._C._select_conv_backend(
         x, weight, None, stride, padding, dilation, transposed, output_padding, groups, None
@@ -260,10 +372,18 @@ def _forward(args: tuple, kwargs: dict, out: Any) -> KernelMemory | None:
         return None
     if _pointwise(weight, stride, padding):
         return KernelMemory()
-    if _layout(x) == "nhwc":
-        return KernelMemory(nhwc_forward_scratch(weight, groups))
-    scratch = conv_forward_scratch(x, weight, out.shape, groups, stride)
-    return KernelMemory(scratch, partial=_gemm_possible(x, weight, dilation))
+    copy = _dense_copy(x, weight)
+    if _layout(x, weight) == "nhwc":
+        return KernelMemory(copy + nhwc_forward_scratch(weight, groups))
+    scratch = copy + conv_forward_scratch(x, weight, out.shape, groups, stride)
+    oc = int(weight.shape[0])
+    scratch += _bias_scratch(oc, args[2] is not None and oc % BLOCK != 0)
+    # a depthwise kernel wider than its map takes another kernel (less than this)
+    wide = _depthwise(weight, groups) and any(
+        int(k) > int(n) for k, n in zip(weight.shape[2:], x.shape[2:], strict=False)
+    )
+    unknown = _gemm_possible(x, weight, dilation) or _grouped(weight, groups) or wide
+    return KernelMemory(scratch, partial=unknown)
 
 
 @formula(aten.convolution_backward.default)
@@ -279,17 +399,29 @@ def _backward(args: tuple, kwargs: dict, out: Any) -> KernelMemory | None:
     if path == "gemm":
         scratch = conv3d_gemm_weights_scratch(x, weight, grad_out)
         return KernelMemory(scratch, partial=torch.get_num_threads() > 1)
-    if _layout(x) == "nhwc":
-        scratch = nhwc_backward_scratch(x, weight, groups, mask)
-        return KernelMemory(scratch, partial=strided or torch.get_num_threads() > 1)
-    threads = mask[1] and torch.get_num_threads() > 1  # per-thread weight-gradient buffers
+    threads = (mask[1] or mask[2]) and torch.get_num_threads() > 1  # per-thread buffers
+    copy = _dense_copy(x, weight)
+    if _layout(x, weight) == "nhwc":
+        scratch, exact = nhwc_backward_scratch(x, weight, groups, mask, padding, dilation)
+        direct = _depthwise(weight, groups) and max(int(k) for k in weight.shape[2:]) <= 3
+        unknown = not exact or (strided and not direct) or threads
+        return KernelMemory(copy + scratch, partial=unknown)
+    if x.dim() == 4 and _depthwise(weight, groups):
+        scratch, exact = nchw_depthwise_backward_scratch(
+            x, weight, grad_out, stride, dilation, mask
+        )
+        return KernelMemory(copy + scratch, partial=not exact or threads)
     if x.dim() == 4 and groups == 1 and mask[1] and _wider_than_input(x, weight, dilation):
-        scratch = conv2d_gemm_weights_scratch(x, weight, grad_out)
+        scratch = copy + conv2d_gemm_weights_scratch(x, weight, grad_out)
         measured = mask[0] and not mask[2]  # measured with the input's gradient, no bias
         return KernelMemory(scratch, partial=threads or not measured)
-    scratch = conv_backward_scratch(grad_out, x, weight, groups, strided, mask)
+    scratch = copy + conv_backward_scratch(grad_out, x, weight, groups, strided, mask)
     # on a small map a dilated kernel may take other buffers (blocked columns: up to 3.6x
     # this formula at dilation 2 on 8 and 16 px; exact on 20 shapes of 32 px): reported
     small = _dilated(dilation) and min(int(n) for n in x.shape[2:]) <= DILATED_EXACT_FROM - 1
-    unknown = small or threads or path == "other"
+    # from a dilation of 8 oneDNN may take its GEMM backward by a cache-size heuristic
+    # (an AMD EPYC: a 3x3 at dilation 12 on 32 px, 2.3 MB against the direct 0.39 MB)
+    dims = zip(weight.shape[2:], dilation, strict=False)
+    gemm = any(int(k) > 1 and int(d) >= GEMM_DILATION for k, d in dims)
+    unknown = small or threads or path == "other" or _grouped(weight, groups) or gemm
     return KernelMemory(scratch, partial=unknown)

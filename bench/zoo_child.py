@@ -25,7 +25,7 @@ import zoo_truth  # noqa: E402
 
 def _truth(name: str) -> zoo_truth.Truth:
     zoo = zoo_models.ZOO[name]
-    return zoo_truth.measure_truth(zoo.build, zoo.inputs, zoo.loss_fn)
+    return zoo_truth.measure_truth(zoo.build, zoo.inputs, zoo.loss_fn, draws=zoo.draws)
 
 
 def _failure(exc: BaseException) -> str:

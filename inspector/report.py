@@ -268,6 +268,9 @@ class Memory(_Model):
     train_peak_bytes: int | None = None
     train_peak_node: str | None = None
     train_peak_phase: str | None = None
+    # {seed: peak} when the step's peak depends on its random draws (layerdrop; a real
+    # copy only): train_peak_bytes is the largest
+    train_peak_by_seed: dict[str, int] = Field(default_factory=dict)
     timeline: list[TimelinePoint] = Field(default_factory=list)
     batch_dim: str | None = None
     batch_scaling: list[BatchPoint] = Field(default_factory=list)

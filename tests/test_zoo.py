@@ -48,7 +48,7 @@ TRUTH_BLIND = {
 @functools.cache
 def truth(name: str) -> Truth:
     zoo = zoo_models.ZOO[name]
-    return measure_truth(zoo.build, zoo.inputs, zoo.loss_fn)
+    return measure_truth(zoo.build, zoo.inputs, zoo.loss_fn, draws=zoo.draws)
 
 
 @functools.cache

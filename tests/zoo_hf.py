@@ -202,12 +202,16 @@ def _builder(model_type: str, auto: str, config: dict[str, Any]) -> Callable[[],
     return build
 
 
+# a step that varies with its random draws: wav2vec2's layerdrop (0.1) skips layers
+_DRAWS = {"wav2vec2": 4}
+
 HF_MODELS: list[dict[str, Any]] = [
     {
         "name": name if name.startswith("hf-") else f"hf-{name}",
         "kind": "hf",
         "build": _builder(model_type, auto, config),
         "inputs": (lambda kind=kind: ((), _INPUTS[kind]())),
+        "draws": _DRAWS.get(name, 1),
     }
     for name, (model_type, auto, config, kind) in _FAMILIES.items()
 ]

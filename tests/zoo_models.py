@@ -31,6 +31,7 @@ class ZooModel:
     inputs: Callable[[], tuple[tuple, dict]]
     loss_fn: Callable[[Any, Any], Any] | None = None  # loss_fn(output, inputs) as users write it
     heavy: bool = False  # large or slow on 2 CPU cores: only in `bench/zoo.py --all`
+    draws: int = 1  # seeds the truth's step takes the largest of (a step that varies)
     note: str = ""
 
 

@@ -52,6 +52,14 @@ def relative_error(estimate: int | None, measured: int | None) -> float | None:
 
 
 def measure(model: nn.Module, inputs: Inputs, opts: StepOptions) -> Measurement:
+    # the estimate's first draws (a step that branches on random draws, as layerdrop,
+    # is measured on the same ones); the caller's RNG is restored
+    devices = [torch.cuda.current_device()] if opts.device == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        return _measure(model, inputs, opts)
+
+
+def _measure(model: nn.Module, inputs: Inputs, opts: StepOptions) -> Measurement:
     meter: _Meter = _CudaMeter() if opts.device == "cuda" else _ProfilerMeter()
     with meter.recording():
         with meter.window("setup"):
@@ -59,6 +67,7 @@ def measure(model: nn.Module, inputs: Inputs, opts: StepOptions) -> Measurement:
             batch = clone_inputs(inputs)
         with meter.window("forward"):
             _inference(shadow, batch, opts)
+        torch.manual_seed(opts.seed)
         with meter.window("saved"):
             loss = _forward_and_release(shadow, batch, opts)
         loss_bytes = _round(loss.untyped_storage().nbytes(), opts)
@@ -66,6 +75,7 @@ def measure(model: nn.Module, inputs: Inputs, opts: StepOptions) -> Measurement:
         trainable = [p for p in unique_tensors(shadow.parameters()) if p.requires_grad]
         optimizer = make_optimizer(opts.optimizer, trainable)
         warm_up(optimizer, trainable)
+        torch.manual_seed(opts.seed)
         start = time.perf_counter()
         with meter.window("step"):
             _train_step(shadow, batch, opts, optimizer, trainable)

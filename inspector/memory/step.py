@@ -51,6 +51,7 @@ class StepOptions:
     # another batch size or dtype; the optimizer phase does not depend on either).
     resident_state_bytes: int | None = None
     micro_steps: int = 1  # forward + backward passes per optimizer step (accumulation)
+    seed: int = 0  # a real copy's step: the random draws it takes (see analysis._real_train)
 
 
 @dataclass

@@ -102,6 +102,7 @@ def _peaks(mem: Memory, a: Analysis) -> None:
     mem.forward_peak_bytes, mem.forward_peak_node = a.forward.peak_bytes, a.forward.peak_label
     mem.train_peak_bytes, mem.train_peak_node = a.train.peak_bytes, a.train.peak_label
     mem.train_peak_phase = a.train.peak_phase
+    mem.train_peak_by_seed = {str(seed): peak for seed, peak in a.peak_by_seed.items()}
     mem.timeline = downsample(a.train.points)
     inference_only = {
         f"{op} (inference forward)" for op in a.forward.unmodelled - a.train.unmodelled

@@ -138,12 +138,24 @@ def memory_estimate_gap(ctx: Context, report: Report) -> Iterator[Finding]:
             f"(estimate vs measured). Likely cause: {_cause(report)}.",
             "Budget from the measured figures (memory.measured) for this model.",
             # A gap the report already explains (kernels it names as not modelled, in
-            # kernel-memory-unmodelled) is a note; an unexplained one is a warning.
-            severity="info" if report.memory.unmodelled_kernel_ops else "warning",
+            # kernel-memory-unmodelled; a step that varies with its draws) is a note; an
+            # unexplained one is a warning.
+            severity="info" if _explained(report) else "warning",
         )
 
 
+def _explained(report: Report) -> bool:
+    return bool(report.memory.unmodelled_kernel_ops or report.memory.train_peak_by_seed)
+
+
 def _cause(report: Report) -> str:
+    by_seed = report.memory.train_peak_by_seed
+    if by_seed:
+        return (
+            "a step whose memory depends on its random draws (as layerdrop skips layers): "
+            f"peaks from {min(by_seed.values()):,} to {max(by_seed.values()):,} B over seeds "
+            f"{', '.join(by_seed)}, and the measured step took its own"
+        )
     ops = report.memory.unmodelled_kernel_ops
     if ops:
         return f"memory allocated inside kernels the estimate does not model ({', '.join(ops)})"

@@ -15,7 +15,7 @@ from inspector import __version__
 from inspector.capture import capture_graph
 from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options
 from inspector.fakevalues import new_fake_mode
-from inspector.fit import check_inputs_fit
+from inspector.fit import check_inputs_fit, fake_train_limit
 from inspector.inputspec import parse_input
 from inspector.isolation import isolation_mode, run_passes
 from inspector.loaders.compiled import compiled_note, unwrap_compiled
@@ -123,6 +123,8 @@ def _load(
         inputs = factory.build(device=options.device)
         # Name the layer that rejects the inputs before any pass trips over them.
         limit = check_inputs_fit(loaded.model, inputs, loaded.user_files)
+        if limit is None and fake_mode is not None:  # training may branch on values too
+            limit = fake_train_limit(loaded.model, inputs)
     return loaded, factory, inputs, limit
 
 

@@ -24,7 +24,7 @@ from inspector.loaders.usercode import user_code_error
 from inspector.realcopy import needs_values
 from inspector.tracebacks import is_user_file, user_location
 
-__all__ = ["check_inputs_fit", "describe_tensors", "expectation"]
+__all__ = ["check_inputs_fit", "fake_train_limit", "describe_tensors", "expectation"]
 
 
 def check_inputs_fit(
@@ -51,6 +51,27 @@ def check_inputs_fit(
         if _fake_only(exc):
             return exc
         raise _explain(exc, tracker.stack, model, user_files) from exc
+    finally:
+        _restore(model, saved)
+        for module, mode in training.items():
+            module.training = mode
+    return None
+
+
+def fake_train_limit(model: nn.Module, inputs: Inputs) -> BaseException | None:
+    """On fake tensors, what a train-mode forward cannot do that the eval-mode check did:
+    a branch on a random draw only training takes (wav2vec2's layerdrop reads
+    `torch.rand([]) < rate`). Other train-mode failures are left to the passes that
+    report them (BatchNorm on one value per channel: the modes pass). Leaves no trace:
+    modes, buffers and the RNG are restored."""
+    saved = {name: b.clone() for name, b in model.named_buffers()}
+    training = {m: m.training for m in model.modules()}
+    model.train()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            inputs.call(model)
+    except Exception as exc:  # noqa: BLE001 - only fake tensors' limits are returned
+        return exc if _fake_only(exc) else None
     finally:
         _restore(model, saved)
         for module, mode in training.items():

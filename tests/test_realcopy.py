@@ -110,3 +110,41 @@ def test_a_torchvision_detector_under_fake_gets_its_graph_from_a_real_copy() -> 
     assert report.totals.flops_backward == counter.get_total_flops() - forward
     ran = {m.path for m in report.modules if m.type not in ("ModuleList", "ModuleDict")}
     assert ran == {m.path for m in report.modules if m.output_shapes}
+
+
+# Only training branches on a value: each layer is skipped when a draw is under the rate,
+# as wav2vec2's layerdrop does; the eval-mode check at load runs on fake tensors fine.
+LAYERDROP = """
+import torch
+from torch import nn
+
+
+class LayerDrop(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:
+            if self.training and torch.rand([]) < 0.1:
+                continue
+            x = layer(x).relu()
+        return x
+
+
+def example_inputs():
+    return torch.randn(8, 16)
+"""
+
+
+def test_a_branch_only_training_takes_on_a_value_gets_the_real_copy(tmp_path: Path) -> None:
+    path = tmp_path / "layerdrop.py"
+    path.write_text(LAYERDROP)
+    options = Options(fake=True, passes={"graph", "memory"})
+    report = inspect_model(f"{path}:LayerDrop", None, options)
+    assert report.meta.fake is False
+    assert any(w.startswith("--fake:") and "analysed for real" in w for w in report.meta.warnings)
+    real = inspect_model(f"{path}:LayerDrop", None, Options(passes={"graph", "memory"}))
+    # the same step as without --fake: before, memory was skipped under --fake
+    assert report.memory.train_peak_bytes == real.memory.train_peak_bytes > 0
+    assert report.memory.saved_activation_bytes == real.memory.saved_activation_bytes

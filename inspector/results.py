@@ -49,6 +49,9 @@ class PassResults:
     memory_measured: Measurement | None = None  # passes/memory.py, real runs only
     gradients: BackwardRun | None = None  # passes/gradients.py: the forward + backward
     numerics: NumericsResult | None = None  # passes/numerics.py
+    # passes/gradients.py: the value statistics of its per-node replay, the forward the
+    # numerics pass would run (same seed, mode and inputs), so numerics runs none
+    numerics_observed: NumericsResult | None = None
     # passes/numerics.py: norm layers whose eps the low-precision run rounds to zero
     lost_norm_eps: list[LostEps] = field(default_factory=list)
     loss_calls: list[LossCall] = field(default_factory=list)  # passes/probe.py

@@ -161,3 +161,41 @@ def test_one_pass_statistics_equal_their_definitions() -> None:
         assert (stats.min, stats.max) == (finite.min().item(), finite.max().item())
     assert tensor_stats(x).fp16_underflow_fraction == 50 / (4000 - 300 - 3)
     assert tensor_stats(x * 1e5).fp16_overflow_count > 0
+
+
+class _ConvNet(nn.Module):
+    """Conv, BatchNorm, ReLU, dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.3)
+        )
+        self.head = nn.Linear(8 * 8 * 8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).flatten(1))
+
+
+def test_the_gradients_replay_gives_numerics_its_statistics() -> None:
+    """The gradients pass's per-node replay is the forward numerics would run (same seed,
+    mode and inputs): numerics takes its statistics and runs no forward of its own, and
+    they equal those of numerics' own run."""
+    from inspector.passes import gradients
+
+    torch.manual_seed(0)
+    model, x = _ConvNet(), torch.randn(4, 3, 8, 8)
+    alone = context_for(model, (x,), options=Options(passes={"numerics"}))
+    numerics.run(alone)
+    shared = context_for(model, (x,), options=Options(passes={"gradients", "numerics"}))
+    gradients.run(shared)
+    convs: list[int] = []  # the graph replay calls the conv module: count those calls
+    model.body[0].register_forward_hook(lambda *args: convs.append(1))
+    numerics.run(shared)
+    assert convs == []  # no forward: the replay's statistics were taken
+    numerics.run(alone)
+    assert convs == [1]  # ...where numerics alone runs one
+    got = {n.name: n.stats for n in shared.report.nodes}
+    want = {n.name: n.stats for n in alone.report.nodes}
+    assert got == want and sum(s is not None for s in got.values()) >= 5
+    assert shared.results.numerics.computed and shared.results.numerics.method == "graph"

@@ -4,7 +4,7 @@ in backward order, whose output gradient holds NaN/Inf."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -12,9 +12,15 @@ from inspector.context import Context
 from inspector.health.backprop import grad_stats
 from inspector.health.outputs import flat_tensors, make_loss
 from inspector.health.state import seeded
-from inspector.health.values import NodeRef, run_nodes
+from inspector.health.values import NodeRef, OnValue, run_nodes
 
-__all__ = ["NodeGrads", "node_grads"]
+__all__ = ["NodeGrads", "node_grads", "Observer"]
+
+
+class Observer(Protocol):
+    on_value: OnValue
+
+    def reset(self) -> None: ...
 
 
 @dataclass
@@ -28,16 +34,24 @@ def _first_grad_tensor(value: Any) -> torch.Tensor | None:
     return next((t for _, t in flat_tensors(value) if t.requires_grad), None)
 
 
-def node_grads(ctx: Context) -> NodeGrads:
+def node_grads(ctx: Context, also: Observer | None = None) -> NodeGrads:
+    """`also` sees every node's value too (the numerics statistics, from this forward)."""
     result = NodeGrads()
 
     def on_value(ref: NodeRef, value: Any) -> None:
         tensor = _first_grad_tensor(value)
         if tensor is not None:
             tensor.register_hook(lambda grad, name=ref.name: _record(result, name, grad))
+        if also is not None:
+            also.on_value(ref, value)
+
+    def on_reset() -> None:
+        result.norms.clear()
+        if also is not None:
+            also.reset()
 
     seeded(ctx.options.seed)
-    output, result.method = run_nodes(ctx, on_value, on_reset=result.norms.clear)
+    output, result.method = run_nodes(ctx, on_value, on_reset=on_reset)
     loss, _ = make_loss(output, ctx.inputs, ctx.loaded.loss_fn)
     if loss is not None and loss.requires_grad:
         loss.backward()

@@ -14,6 +14,7 @@ from inspector.health.gradrows import layer_rows, module_grad_norms, param_rows
 from inspector.health.nodegrads import NodeGrads, node_grads
 from inspector.health.state import preserved
 from inspector.health.thresholds import GRADIENT_KEYS, resolve
+from inspector.passes.numerics import Observer
 from inspector.report import Gradients
 
 __all__ = ["run", "FAKE_NOTE"]
@@ -28,18 +29,24 @@ def run(ctx: Context) -> None:
     if ctx.options.fake:
         section.computed, section.error = False, FAKE_NOTE
         return
+    inputs = ctx.inputs
     with preserved(ctx.model), training_inputs(ctx, "gradients"):
         result = backward_once(ctx)
-        graded = _node_grads(ctx) if result.backward_ran else None
+        # the replay is the forward numerics would run, when the inputs are the sample's
+        observer = Observer(ctx) if ctx.options.wants("numerics") and ctx.inputs is inputs else None
+        graded = _node_grads(ctx, observer) if result.backward_ran else None
+    if graded is not None and observer is not None:
+        observer.result.method, observer.result.computed = graded.method, True
+        ctx.results.numerics_observed = observer.result
     ctx.results.gradients = result
     if result.internal:  # said as the inspector's failure, not as a finding on the model
         ctx.report.meta.warnings.append(f"gradients: {result.error}")
     _fill(ctx, section, result, graded, th)
 
 
-def _node_grads(ctx: Context) -> NodeGrads | None:
+def _node_grads(ctx: Context, observer: Observer | None) -> NodeGrads | None:
     try:
-        return node_grads(ctx)
+        return node_grads(ctx, observer)
     except Exception as exc:  # noqa: BLE001 - per-node grads are extra; keep the rest
         ctx.report.meta.warnings.append(f"gradients: per-node gradients skipped ({exc})")
         return None

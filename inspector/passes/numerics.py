@@ -19,7 +19,7 @@ from inspector.health.thresholds import resolve
 from inspector.health.values import NodeRef, run_nodes
 from inspector.report import NumericStats
 
-__all__ = ["run", "NumericsResult", "FAKE_NOTE"]
+__all__ = ["run", "NumericsResult", "FAKE_NOTE", "Observer"]
 
 FAKE_NOTE = "numerics: not computed, fake tensors carry no values (run without --fake)"
 
@@ -42,20 +42,21 @@ def run(ctx: Context) -> None:
         result.error = FAKE_NOTE
         ctx.report.meta.warnings.append(FAKE_NOTE)
         return
-    min_samples = int(resolve(ctx.options)["dead_min_samples"])
-    try:
-        with preserved(ctx.model), torch.no_grad():
-            seeded(ctx.options.seed)
-            _, result.method = run_nodes(
-                ctx,
-                lambda ref, value: _observe(result, ref, value, min_samples),
-                on_reset=lambda: _reset(result),
-            )
-    except Exception as exc:  # noqa: BLE001 - the user's forward; reported, not raised
-        result.error = f"numerics: forward failed: {type(exc).__name__}: {exc}"
-        ctx.report.meta.warnings.append(result.error)
-        return
-    result.computed = True
+    observed = ctx.results.numerics_observed
+    if observed is not None and observed.computed:  # the gradients pass's replay saw it
+        result = ctx.results.numerics = observed
+    else:
+        observer = Observer(ctx)
+        try:
+            with preserved(ctx.model), torch.no_grad():
+                seeded(ctx.options.seed)
+                _, result.method = run_nodes(ctx, observer.on_value, on_reset=observer.reset)
+        except Exception as exc:  # noqa: BLE001 - the user's forward; reported, not raised
+            result.error = f"numerics: forward failed: {type(exc).__name__}: {exc}"
+            ctx.report.meta.warnings.append(result.error)
+            return
+        observer.result.method, observer.result.computed = result.method, True
+        result = ctx.results.numerics = observer.result
     for node in ctx.report.nodes:
         node.stats = result.stats.get(node.name, node.stats)
     _check_norm_eps(ctx)
@@ -67,6 +68,23 @@ def _check_norm_eps(ctx: Context) -> None:
     except Exception as exc:  # noqa: BLE001 - the user's forward under autocast
         note = "numerics: norm layers' eps not checked, the low-precision forward failed"
         ctx.report.meta.warnings.append(f"{note}: {type(exc).__name__}: {exc}")
+
+
+class Observer:
+    """The statistics of each node's first floating output, for `run_nodes`: the numerics
+    pass's own forward, or the gradients pass's per-node replay (the same forward: seed,
+    mode and inputs), which then spares numerics its run."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.result = NumericsResult()
+        self.min_samples = int(resolve(ctx.options)["dead_min_samples"])
+
+    def on_value(self, ref: NodeRef, value: Any) -> None:
+        with torch.no_grad():  # statistics, not part of the graph being differentiated
+            _observe(self.result, ref, value, self.min_samples)
+
+    def reset(self) -> None:
+        _reset(self.result)
 
 
 def _observe(result: NumericsResult, ref: NodeRef, value: Any, min_samples: int) -> None:

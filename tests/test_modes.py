@@ -125,3 +125,46 @@ def test_rng_watched_sees_draws_from_the_default_generator_only() -> None:
     with rng_watched() as private:
         torch.rand(3, generator=own)  # a model's own generator: `seeded` cannot reseed it
     assert (quiet.drew, noisy.drew, private.drew) == (False, True, False)
+
+
+class _BatchNormNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.head = nn.Linear(8 * 8 * 8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).flatten(1))
+
+
+def test_the_gradients_forward_is_the_train_run_modes_compares() -> None:
+    """A model in train() mode, seeded, on the sample: the gradients pass's forward is
+    modes' train() run. Modes takes its recording and runs only eval(); the comparison
+    and the BatchNorm inputs equal those of modes' own train() run."""
+    from inspector.passes import gradients
+
+    torch.manual_seed(0)
+    model, x = _BatchNormNet(), torch.randn(4, 3, 8, 8)
+    alone = context_for(model, (x,), options=Options(passes={"modes"}))
+    shared = context_for(model, (x,), options=Options(passes={"gradients", "modes"}))
+    gradients.run(shared)
+    assert shared.results.modes_train is not None
+    convs: list[int] = []
+    model.body[0].register_forward_hook(lambda *args: convs.append(1))
+    modes.run(shared)
+    assert len(convs) == 1  # eval() only: eval drew nothing, the train() run was recorded
+    modes.run(alone)
+    assert len(convs) == 3  # eval() and train() of its own
+    a, b = shared.report.modes, alone.report.modes
+    assert a.computed and b.computed
+    assert a.output_max_abs_diff == b.output_max_abs_diff > 0  # BatchNorm: batch vs running
+    assert a.first_divergent_node == b.first_divergent_node is not None
+    assert [n.mode_divergence for n in shared.report.nodes] == [
+        n.mode_divergence for n in alone.report.nodes
+    ]
+    assert shared.results.batchnorm_inputs == alone.results.batchnorm_inputs != {}
+    # a model left in eval() is not trained by the gradients forward: modes runs its own
+    model.eval()
+    kept = context_for(model, (x,), options=Options(passes={"gradients", "modes"}))
+    gradients.run(kept)
+    assert kept.results.modes_train is None

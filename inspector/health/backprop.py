@@ -8,8 +8,9 @@ import os
 import re
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -22,7 +23,9 @@ from inspector.health.state import seeded
 from inspector.tracebacks import INTERNAL_NOTE, inspector_fault
 from inspector.tracebacks import user_location as exc_location
 
-__all__ = ["GradStats", "BackwardRun", "InplaceError", "backward_once", "grad_stats"]
+__all__ = [
+    "GradStats", "BackwardRun", "InplaceError", "ForwardWatch", "backward_once", "grad_stats",
+]  # fmt: skip
 
 
 @dataclass
@@ -73,20 +76,34 @@ def grad_stats(grad: torch.Tensor) -> GradStats:
     return GradStats(norm, zero, nan, int((~finite).sum()) - nan)
 
 
-def backward_once(ctx: Context) -> BackwardRun:
+class ForwardWatch(Protocol):
+    """Another pass's observer of this forward (the modes pass's train() run)."""
+
+    def watching(self, ctx: Context) -> AbstractContextManager[None]: ...
+
+    def finish(self, output: Any) -> None: ...
+
+
+def backward_once(ctx: Context, watch: ForwardWatch | None = None) -> BackwardRun:
     run = BackwardRun()
     model = ctx.model
     for param in model.parameters():
         param.grad = None
     seeded(ctx.options.seed)
     try:
-        with recording(model, ctx.loaded.user_files) as rec, feeding_normalisation(model) as fed:
+        with (
+            recording(model, ctx.loaded.user_files) as rec,
+            feeding_normalisation(model) as fed,
+            watch.watching(ctx) if watch is not None else nullcontext(),
+        ):
             output = ctx.inputs.call(model)
     except Exception as exc:  # noqa: BLE001 - the user's forward; reported, not raised
         run.internal = inspector_fault(exc)
         note = f" ({INTERNAL_NOTE})" if run.internal else ""
         run.error = f"forward failed{_at(ctx, exc)}: {type(exc).__name__}: {exc}{note}"
         return run
+    if watch is not None:
+        watch.finish(output)
     run.called, run.cuts, run.inplace = list(rec.called), rec.cuts, rec.inplace
     run.scale_free = fed.layers()
     if any(p.requires_grad for p in model.parameters()):

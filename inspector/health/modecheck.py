@@ -78,7 +78,9 @@ def batchnorm_probe(model: nn.Module, seen: dict[str, BatchNormInput]) -> list:
                 return
             values = x.numel() // max(x.shape[1], 1)
             found = BatchNormInput(path, type(module).__name__, list(x.shape), values)
-            _running_stats(module, x, found)
+            # unseen by a function mode watching the forward (the gradients pass's recorder)
+            with torch._C.DisableTorchFunction():
+                _running_stats(module, x, found)
             seen[path] = found
 
         return hook

@@ -10,7 +10,8 @@ path ("" for the root; "path@k" for the k-th repeated call).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,7 @@ from torch import nn
 from inspector.context import Context
 from inspector.graph.fxcapture import FLAT_INPUTS, fx_placeholder_values
 
-__all__ = ["NodeRef", "run_nodes", "graph_feed", "kind_of"]
+__all__ = ["NodeRef", "run_nodes", "graph_feed", "kind_of", "module_values", "OnValue"]
 
 _KINDS = {
     "relu": "relu",
@@ -112,6 +113,14 @@ def _module_node_names(ctx: Context) -> dict[str, list[str]]:
 
 
 def _run_modules(ctx: Context, on_value: OnValue) -> Any:
+    with module_values(ctx, on_value):
+        return ctx.inputs.call(ctx.model)
+
+
+@contextmanager
+def module_values(ctx: Context, on_value: OnValue) -> Iterator[None]:
+    """`on_value` on each module call's output, named as the graph's node of that call,
+    while the block runs the model (here, or in another pass's forward)."""
     known = _module_node_names(ctx)
     calls: dict[str, int] = {}
 
@@ -126,7 +135,7 @@ def _run_modules(ctx: Context, on_value: OnValue) -> Any:
 
     handles = [m.register_forward_hook(hook_for(p)) for p, m in ctx.model.named_modules()]
     try:
-        return ctx.inputs.call(ctx.model)
+        yield
     finally:
         for handle in handles:
             handle.remove()

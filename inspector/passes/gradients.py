@@ -14,6 +14,7 @@ from inspector.health.gradrows import layer_rows, module_grad_norms, param_rows
 from inspector.health.nodegrads import NodeGrads, node_grads
 from inspector.health.state import preserved
 from inspector.health.thresholds import GRADIENT_KEYS, resolve
+from inspector.passes.modes import TrainRecorder, shares_train_forward
 from inspector.passes.numerics import Observer
 from inspector.report import Gradients
 
@@ -31,10 +32,14 @@ def run(ctx: Context) -> None:
         return
     inputs = ctx.inputs
     with preserved(ctx.model), training_inputs(ctx, "gradients"):
-        result = backward_once(ctx)
+        # the forward is modes' train() run too, when the model trains as it stands
+        recorder = TrainRecorder() if ctx.inputs is inputs and shares_train_forward(ctx) else None
+        result = backward_once(ctx, recorder)
         # the replay is the forward numerics would run, when the inputs are the sample's
         observer = Observer(ctx) if ctx.options.wants("numerics") and ctx.inputs is inputs else None
         graded = _node_grads(ctx, observer) if result.backward_ran else None
+    if recorder is not None and recorder.finished:  # the forward ran: modes has its run
+        ctx.results.modes_train = recorder
     if graded is not None and observer is not None:
         observer.result.method, observer.result.computed = graded.method, True
         ctx.results.numerics_observed = observer.result

@@ -5,6 +5,8 @@ running stats and the RNG state are restored afterwards."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,11 +17,11 @@ from inspector.health.modecheck import BatchNormInput, batchnorm_probe, mode_dep
 from inspector.health.outputs import flat_tensors, float_outputs
 from inspector.health.state import preserved, rng_watched, seeded
 from inspector.health.thresholds import resolve
-from inspector.health.values import NodeRef, run_nodes
+from inspector.health.values import NodeRef, module_values, run_nodes
 from inspector.report import Node
 from inspector.tracebacks import INTERNAL_NOTE, inspector_fault, user_location
 
-__all__ = ["run", "FAKE_NOTE"]
+__all__ = ["run", "FAKE_NOTE", "TrainRecorder", "shares_train_forward"]
 
 FAKE_NOTE = "not computed: fake tensors carry no values (run without --fake)"
 _MAX_KEPT_BYTES = 1 << 30  # node outputs kept from the train run to compare with eval
@@ -36,6 +38,46 @@ class _Run:
     internal: bool = False  # `error` is the inspector's own failure (a graph replay)
 
 
+class TrainRecorder:
+    """The train() run's values and BatchNorm inputs, recorded on the gradients pass's
+    forward when that forward is this run's (`shares_train_forward`): modes then runs
+    only its eval() forwards."""
+
+    def __init__(self) -> None:
+        self.run = _Run()
+        self.batchnorm: dict[str, BatchNormInput] = {}
+        self.finished = False  # the forward returned
+
+    @contextmanager
+    def watching(self, ctx: Context) -> Iterator[None]:
+        handles = batchnorm_probe(ctx.model, self.batchnorm)
+        try:
+            with module_values(ctx, self._keep):
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _keep(self, ref: NodeRef, value: Any) -> None:
+        # the copies are ours: unseen by the recorder that watches the user's ops
+        with torch._C.DisableTorchFunction():
+            _keep(self.run, ref, value)
+
+    def finish(self, output: Any) -> None:
+        with torch._C.DisableTorchFunction():
+            self.run.outputs = [t.detach() for _, t in float_outputs(output)]
+        self.finished = True
+
+
+def shares_train_forward(ctx: Context) -> bool:
+    """Whether the model's own forward, as another pass runs it now (seeded with the
+    report's seed, on the sample inputs), is modes' train() run: every module in train
+    mode already, and modes asked for."""
+    if ctx.options.fake or not ctx.options.wants("modes"):
+        return False
+    return all(m.training for m in ctx.model.modules())
+
+
 def run(ctx: Context) -> None:
     section = ctx.report.modes
     section.mode_dependent_modules = mode_dependent(ctx.model)
@@ -44,6 +86,7 @@ def run(ctx: Context) -> None:
     if ctx.options.fake:
         section.error = FAKE_NOTE
         return
+    recorded = ctx.results.modes_train
     with preserved(ctx.model):
         # eval first: the train run updates BatchNorm running stats that eval would read
         evaluated = _forward(ctx, training=False)
@@ -51,12 +94,11 @@ def run(ctx: Context) -> None:
         reseeded = (
             _forward(ctx, training=False, seed=ctx.options.seed + 1) if evaluated.drew else None
         )
-        handles = batchnorm_probe(ctx.model, batchnorm)
-        try:
-            train = _forward(ctx, training=True)
-        finally:
-            for handle in handles:
-                handle.remove()
+        if recorded is not None:  # the gradients pass's forward was this train() run
+            train = recorded.run
+            batchnorm.update(recorded.batchnorm)
+        else:
+            train = _train_forward(ctx, batchnorm)
     section.error = train.error or evaluated.error
     section.computed = section.error is None
     ctx.results.modes_internal = (train if train.error else evaluated).internal
@@ -68,6 +110,15 @@ def run(ctx: Context) -> None:
             ctx.report.modes.eval_max_abs_diff = 0.0  # no random draw in eval: the same run
         elif reseeded.error is None:
             _compare_eval(ctx, evaluated, reseeded)
+
+
+def _train_forward(ctx: Context, batchnorm: dict[str, BatchNormInput]) -> _Run:
+    handles = batchnorm_probe(ctx.model, batchnorm)
+    try:
+        return _forward(ctx, training=True)
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _forward(ctx: Context, training: bool, seed: int | None = None) -> _Run:

@@ -201,6 +201,8 @@ class LiveTracker(TorchDispatchMode):
         first, second = self.entries.get(storage_key(a)), self.entries.get(storage_key(b))
         if first is None or second is None or first.node in (None, node) or second.node is None:
             return False
+        if a._is_view():  # its base lives on with it: the storage is not the buffer's alone
+            return False
         whole = a.untyped_storage().nbytes() == a.numel() * a.element_size()
         return a.storage_offset() == 0 and whole and is_non_overlapping_and_dense(a)
 

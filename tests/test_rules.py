@@ -268,6 +268,27 @@ def test_a_scale_on_the_query_counts_only_when_it_shrinks() -> None:
         assert "no 1/sqrt(d) scale" in found.message, factor
 
 
+class AlibiAttention(Attention):
+    """BLOOM's attention: `baddbmm(bias, q, k^T, alpha=1/sqrt(d))`, the scale inside the
+    matmul; alpha 1.0 scales nothing."""
+
+    def __init__(self, alpha: float) -> None:
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        bias = torch.zeros(x.shape[0], x.shape[1], x.shape[1])
+        scores = torch.baddbmm(bias, q, k.transpose(-2, -1), beta=1.0, alpha=self.alpha)
+        return torch.softmax(scores, dim=-1) @ v
+
+
+def test_a_scale_in_baddbmm_alpha_counts() -> None:
+    assert hits(inspect(AlibiAttention(0.25), seq()), "softmax-saturated") == []
+    [found] = hits(inspect(AlibiAttention(1.0), seq()), "softmax-saturated")
+    assert "no 1/sqrt(d) scale" in found.message
+
+
 def test_softmax_saturated_without_scale_or_one_hot() -> None:
     where = f"test_rules.py:{_line('SOFTMAX-LINE')}"
     [unscaled] = hits(inspect(Attention(scale=False), seq()), "softmax-saturated")

@@ -64,7 +64,8 @@ class AttentionRecorder(TorchFunctionMode):
             return out
         if name in _MATMULS and out.dim() >= 3:
             operands = [a for a in args if isinstance(a, torch.Tensor)]
-            self.scores[out] = "scaled" if any(a in self.prescaled for a in operands) else "raw"
+            prescaled = any(a in self.prescaled for a in operands)
+            self.scores[out] = "scaled" if prescaled or _alpha_scales(kwargs) else "raw"
         elif self._prescales(name, first, args, kwargs):
             self.prescaled[out] = True
         elif first in self.scores and name in _SCALES and _by_number(args, kwargs):
@@ -103,6 +104,13 @@ class AttentionRecorder(TorchFunctionMode):
         self.found[where] = AttentionSoftmax(
             where, line, scaled, rows, saturated, fake, shape=list(probs.shape), bytes=size
         )
+
+
+def _alpha_scales(kwargs: dict) -> bool:
+    """`baddbmm(bias, q, k, alpha=1/sqrt(d))` scales the product itself (BLOOM's ALiBi
+    attention): an alpha that shrinks, as the scale does."""
+    alpha = kwargs.get("alpha", 1)
+    return isinstance(alpha, (int, float)) and 0 < abs(alpha) < 1
 
 
 def _by_number(args: Any, kwargs: dict) -> bool:

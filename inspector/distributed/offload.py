@@ -93,10 +93,17 @@ class OffloadTracker(ShardTracker):
         self.host_live = 0
         self._hosting = 0  # >0: storages made now are host memory
 
-    def add(self, t: torch.Tensor, kind: str = "step", producer: str | None = None) -> None:
+    def add(
+        self,
+        t: torch.Tensor,
+        kind: str = "step",
+        producer: str | None = None,
+        node: tuple[str, int] | None = None,
+        made_by: Any = None,
+    ) -> None:
         key = storage_key(local(t))
         new = key not in self.entries  # an in-place op's output is not a new storage
-        super().add(t, kind, producer)
+        super().add(t, kind, producer, node, made_by)
         if key in self.host or new and (self._hosting or self.phase == "optimizer"):
             self._to_host(key)
 

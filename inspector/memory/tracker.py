@@ -26,7 +26,7 @@ from functools import lru_cache
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 from inspector.memory.kernels import FORMULAS, UNKNOWN, KernelMemory, kernel_memory, op_name
@@ -198,6 +198,8 @@ class LiveTracker(TorchDispatchMode):
         a, b = args
         if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
             return False
+        if is_traceable_wrapper_subclass(a) or is_traceable_wrapper_subclass(b):
+            return False  # a tensor subclass (DTensor) is summed out of place by the engine too
         first, second = self.entries.get(storage_key(a)), self.entries.get(storage_key(b))
         if first is None or second is None or first.node in (None, node) or second.node is None:
             return False
@@ -211,6 +213,8 @@ class LiveTracker(TorchDispatchMode):
         into them; on a tensor subclass or under a dispatch mode (this one) PyTorch takes
         the out-of-place twin instead (DeBERTa-v2's relative-position gathers: 64 KiB
         more at its peak). So when the zeros were made by the node running."""
+        if is_traceable_wrapper_subclass(args[0]):
+            return False
         entry = self.entries.get(storage_key(args[0]))
         return entry is not None and entry.node == node and entry.made_by in _ZEROS
 

@@ -4,6 +4,8 @@ faked; the same parameters and memory as the real model."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -90,3 +92,25 @@ def test_fake_build_of_hugging_face_convnext(tmp_path: Path) -> None:
     fake = inspect_model(str(path), None, Options(fake=True, passes={"graph"}))
     real = inspect_model(str(path), None, Options(passes={"graph"}))
     assert fake.status == "done" and fake.totals.params == real.totals.params > 0
+
+
+def test_transformers_imported_while_building_fake_keeps_torchs_initialisers() -> None:
+    """A model file that imports transformers as it builds does so inside `skip_init`,
+    and transformers copies torch's initialisers into its own table at import: the
+    no-ops then stayed there, and every later real build in the process (`--fake`'s real
+    copy) kept uninitialised weights. In a fresh interpreter, where transformers is not
+    imported yet."""
+    code = (
+        "import torch\n"
+        "from inspector.loaders.fakebuild import skip_init\n"
+        "with skip_init():\n"
+        "    import transformers.initialization as ti\n"
+        "    inside = ti.TORCH_INIT_FUNCTIONS['normal_'].__name__\n"
+        "table = ti.TORCH_INIT_FUNCTIONS\n"
+        "after = all(fn is getattr(torch.nn.init, name) for name, fn in table.items())\n"
+        "print(inside, after, len(table))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    ).stdout.split()
+    assert out[:2] == ["_keep", "True"] and int(out[2]) >= 5  # no-ops inside, torch's after

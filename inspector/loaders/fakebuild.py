@@ -56,6 +56,21 @@ def skip_init() -> Iterator[None]:
         if hf_saved is not None:
             table, original = hf_saved
             table.update(original)
+        else:
+            _repair_late_table(module)
+
+
+def _repair_late_table(module: Any) -> None:
+    """transformers imported inside the block (a model file that imports it as it builds)
+    copied the no-ops into its table: put torch's initialisers back, or every later real
+    build in the process, such as `--fake`'s real copy, keeps uninitialised weights."""
+    late = _transformers_init_table()
+    if late is None:
+        return
+    table, _ = late
+    for key, fn in table.items():
+        if fn is _keep and hasattr(module, key):
+            table[key] = getattr(module, key)
 
 
 def _transformers_init_table() -> tuple[dict[str, Any], dict[str, Any]] | None:

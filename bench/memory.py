@@ -216,6 +216,28 @@ def kernel_shapes() -> None:
         print(f"| {conv_args} | {list(shape)} | {layout} | {cells[0]} | {cells[1]} |", flush=True)
 
 
+_CONV_OPS = (
+    (torch.ops.aten.convolution.default, "aten::convolution"),
+    (torch.ops.aten.convolution_backward.default, "aten::convolution_backward"),
+)
+
+
+def _tally(step: Any, counts: dict[str, int], label: str) -> None:
+    """Each conv call of `step`: its formula against the profiler, counted as exact,
+    partial (reported), short or over; short and over calls are printed."""
+    found = km.formulas_of(step)
+    for op, name in _CONV_OPS:
+        k = found.get(op)
+        if k is None:  # another backend (batch 1: slow_conv_dilated2d)
+            continue
+        measured = km.op_excess(step, name)
+        kind = "partial" if k.partial else "exact"
+        if not k.partial and measured != k.scratch_bytes:
+            kind = "short" if measured > k.scratch_bytes else "over"
+            print(f"{kind}: {label} {name} {measured:,} / {k.scratch_bytes:,}", flush=True)
+        counts[kind] += 1
+
+
 def kernel_grid() -> None:
     """NCHW 3x3 convs over batch, channels, map size and dilation: each call's formula is
     byte-exact or says it is partial (reported); a call counted short is printed."""
@@ -223,10 +245,6 @@ def kernel_grid() -> None:
 
     torch.set_num_threads(1)
     counts = {"exact": 0, "partial": 0, "short": 0, "over": 0}
-    ops = (
-        (torch.ops.aten.convolution.default, "aten::convolution"),
-        (torch.ops.aten.convolution_backward.default, "aten::convolution_backward"),
-    )
     for n in (1, 2, 4):
         for ic, oc in ((64, 32), (256, 64), (960, 256)):
             for h in (2, 4, 8, 16, 32):
@@ -234,18 +252,7 @@ def kernel_grid() -> None:
                     conv = nn.Conv2d(ic, oc, 3, padding=d, dilation=d, bias=False)
                     x = torch.randn(n, ic, h, h).requires_grad_(True)
                     step = _conv_step(conv, x, torch.randn(conv(x).shape))
-                    found = km.formulas_of(step)
-                    for op, name in ops:
-                        k = found.get(op)
-                        if k is None:  # another backend (batch 1: slow_conv_dilated2d)
-                            continue
-                        measured = km.op_excess(step, name)
-                        kind = "partial" if k.partial else "exact"
-                        if not k.partial and measured != k.scratch_bytes:
-                            kind = "short" if measured > k.scratch_bytes else "over"
-                            print(f"{kind}: n={n} ic={ic} h={h} d={d} {name} "
-                                  f"{measured:,} / {k.scratch_bytes:,}", flush=True)  # fmt: skip
-                        counts[kind] += 1
+                    _tally(step, counts, f"n={n} ic={ic} h={h} d={d}")
     print(counts)
 
 
@@ -268,10 +275,6 @@ def kernel_depthwise() -> None:
 
     torch.set_num_threads(1)
     counts = {"exact": 0, "partial": 0, "short": 0, "over": 0}
-    ops = (
-        (torch.ops.aten.convolution.default, "aten::convolution"),
-        (torch.ops.aten.convolution_backward.default, "aten::convolution_backward"),
-    )
     grid = [
         (layout, k, h, c, stride, bias)
         for layout in ("nhwc", "nhwc-slice", "nchw", "nchw-slice")
@@ -286,15 +289,7 @@ def kernel_depthwise() -> None:
         x = _depthwise_input(layout, 2, c, h).requires_grad_(True)
         fmt = torch.channels_last if layout.startswith("nhwc") else torch.contiguous_format
         step = _conv_step(conv, x, torch.randn(conv(x).shape).to(memory_format=fmt))
-        found = km.formulas_of(step)
-        for op, name in ops:
-            f, measured = found[op], km.op_excess(step, name)
-            kind = "partial" if f.partial else "exact"
-            if not f.partial and measured != f.scratch_bytes:
-                kind = "short" if measured > f.scratch_bytes else "over"
-                print(f"{kind}: {layout} k={k} h={h} c={c} s={stride} bias={bias:d} {name} "
-                      f"{measured:,} / {f.scratch_bytes:,}", flush=True)  # fmt: skip
-            counts[kind] += 1
+        _tally(step, counts, f"{layout} k={k} h={h} c={c} s={stride} bias={bias:d}")
     print(counts)
 
 

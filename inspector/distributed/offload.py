@@ -93,17 +93,10 @@ class OffloadTracker(ShardTracker):
         self.host_live = 0
         self._hosting = 0  # >0: storages made now are host memory
 
-    def add(
-        self,
-        t: torch.Tensor,
-        kind: str = "step",
-        producer: str | None = None,
-        node: tuple[str, int] | None = None,
-        made_by: Any = None,
-    ) -> None:
+    def add(self, t: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         key = storage_key(local(t))
         new = key not in self.entries  # an in-place op's output is not a new storage
-        super().add(t, kind, producer, node, made_by)
+        super().add(t, *args, **kwargs)
         if key in self.host or new and (self._hosting or self.phase == "optimizer"):
             self._to_host(key)
 

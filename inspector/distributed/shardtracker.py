@@ -33,15 +33,8 @@ class ShardTracker(LiveTracker):
         super().__init__(round_to=round_to)
         self.unsharded: set[int] = set()  # storage keys FSDP2 resizes: gathered params
 
-    def add(
-        self,
-        t: torch.Tensor,
-        kind: str = "step",
-        producer: str | None = None,
-        node: tuple[str, int] | None = None,
-        made_by: Any = None,
-    ) -> None:
-        super().add(local(t), kind, producer, node, made_by)
+    def add(self, t: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        super().add(local(t), *args, **kwargs)  # the local shard's storage
 
     def resized(self, t: torch.Tensor) -> None:
         """A storage FSDP2 just resized: count its new size (0 when freed)."""

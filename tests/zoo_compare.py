@@ -31,9 +31,15 @@ def inspect_zoo(name: str, fake: bool, **options: Any) -> Any:
 
 
 def blank_modules(report: Any, ran: list[str]) -> list[str]:
-    """Modules whose forward ran (and returned a tensor) but have no output shape."""
+    """Modules whose forward ran (and returned a tensor) but have no output shape. A
+    torch.compile'd submodule is reported as its original module (`mid`, not
+    `mid._orig_mod`): the truth's paths are read the same way."""
     shaped = {m.path for m in report.modules if m.output_shapes}
-    return [p for p in ran if p not in shaped]
+    return [p for p in ran if _uncompiled(p) not in shaped]
+
+
+def _uncompiled(path: str) -> str:
+    return ".".join(part for part in path.split(".") if part != "_orig_mod")
 
 
 def alarms(report: Any) -> list[str]:

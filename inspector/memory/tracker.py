@@ -168,13 +168,14 @@ class LiveTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         label, node = self.label, None
         if self.phase == "backward":
-            node = _node_id()
+            current = torch._C._current_autograd_node()  # once per op: the hot path
+            node = None if current is None else (current.name(), current._sequence_nr())
             if func is _ADD and self._accumulates(args, kwargs, node):
                 self._release(args[0])  # the plain engine adds into it in place
             elif func in _SCATTERED and self._scatters_into_zeros(args, node):
                 self._release(args[0])  # the plain formula scatters into it in place
             if self.tag_backward:
-                label = _backward_label() or self._last_backward or label
+                label = _label_of(current) or self._last_backward or label
                 if label != self._last_backward:  # a new autograd node: close the last one
                     if self._last_backward is not None:
                         self.mark(self._last_backward)
@@ -304,13 +305,6 @@ def is_non_overlapping_and_dense(t: torch.Tensor) -> bool:
     return True
 
 
-def _node_id() -> tuple[str, int] | None:
-    node = torch._C._current_autograd_node()
-    return None if node is None else (node.name(), node._sequence_nr())
-
-
-def _backward_label() -> str | None:
-    node = torch._C._current_autograd_node()
-    if node is None:
-        return None
-    return node.metadata.get("inspector_label")
+def _label_of(node: Any) -> str | None:
+    """The module label `tag_graph` put on an autograd node, if any."""
+    return None if node is None else node.metadata.get("inspector_label")

@@ -20,7 +20,7 @@ from inspector.distributed.fsdp import (
     fsdp_rank_memory,
     shard_units,
 )
-from inspector.distributed.gpus import fewest_gpus
+from inspector.distributed.gpus import fewest_gpus, fewest_gpus_checked
 from inspector.distributed.zero import zero1_rank_memory
 from inspector.memory.shadow import fake_inputs, fake_shadow, new_fake_mode
 from inspector.memory.step import StepOptions, train_step, unique_tensors
@@ -318,3 +318,39 @@ def test_lazy_chunks_are_fsdps_chunks() -> None:
                 b.shape, b.stride(), b.storage_offset()
             ), (rows, n)  # fmt: skip
         assert lazy[-1].shape == eager[-1].shape
+
+
+def test_fewest_gpus_searched_on_one_kind_of_rank_then_checked_on_every_kind() -> None:
+    """Two kinds of rank: the last, whose short chunk costs a gradient copy out of the padded
+    buffer (1e8 B where 8,192 rows do not divide by n), and one with full chunks, lighter
+    except at one world size. The search runs only the last kind; each answer is then run
+    for every kind, and a budget the other kind breaks there is searched again."""
+    import math
+
+    def last(n: int) -> int:  # 1e9 + 64e9 / n in whole rows, + 1e8 on a short chunk
+        return int(1e9 + 64e9 * math.ceil(8192 / n) / 8192 + (1e8 if 8192 % n else 0))
+
+    budgets = [int(3e9), int(5e9), int(2e10)]
+    # 3e9: 32 ranks hold 2e9 (31: 2.07e9 + 1e8 over); 5e9: 16 hold 4e9 (15: 4.27e9);
+    # 2e10: 4 hold 16e9 (3: 21.3e9)
+    for heavy_at, answers in ((0, [32, 16, 4]), (33, [32, 16, 4]), (16, [32, 17, 4])):
+        searched: list[int] = []
+        checked: list[int] = []
+
+        def lower(n: int, searched=searched) -> int:
+            searched.append(n)
+            return last(n)
+
+        def heaviest(n: int, checked=checked, heavy_at=heavy_at) -> int:
+            checked.append(n)
+            full = int(1e9 + 64e9 * math.ceil(8192 / n) / 8192)
+            return max(last(n), full + (int(3e8) if n == heavy_at else 0))
+
+        got = fewest_gpus_checked(lower, heaviest, budgets, sharded=True)
+        assert [c.gpus for c in got] == answers, heavy_at
+        assert all(c.per_rank_peak_bytes == heaviest(c.gpus) for c in got)
+        if heavy_at != 16:  # every kind is run at the answers only
+            assert sorted(set(checked) - {c.gpus for c in got}) == []
+        else:  # at 16 the full kind is 5.3e9: 5e9 searched again on every kind, 17 fits
+            assert 16 in checked and 17 in checked
+        assert len(set(searched)) <= 12

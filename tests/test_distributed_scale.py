@@ -110,3 +110,27 @@ def test_a_peak_that_moves_with_depth_is_scaled_where_it_ends_up() -> None:
     full = run(gpt2)
     assert full.peak_label == "transformer.h.7"
     _agree(full, scaled(run, gpt2))
+
+
+@pytest.mark.parametrize("plan", ["fsdp:3", "fsdp:3+tp:2", "fsdp:5,checkpoint=true"])
+def test_each_kind_of_rank_scaled_gives_the_full_runs_heaviest(plan: str) -> None:
+    """Uneven shards: ranks 0 and N-1 hold other chunks. `rank_memory` scales each kind of
+    rank from its own two short runs and keeps the heaviest: the full run's figures."""
+    from types import SimpleNamespace
+
+    from inspector.distributed.plan import rank_kinds, rank_memories, rank_memory
+
+    mode = new_fake_mode()
+    inputs = fake_inputs(Inputs(args=(torch.randn(32, 64),)), mode)
+    opts = StepOptions(fake_mode=mode, loss_fn=lambda out, _: out.sum())
+    a = SimpleNamespace(on_fake=True, inputs=inputs, opts=opts)
+    spec, model = parse_plan(plan), deep_mlp()
+    kinds = rank_kinds(spec, model)
+    assert len(kinds) == 2  # 256 and 64 rows split 3 or 5 ways: a full and a short chunk
+    full = rank_memory(spec, model, a, scale=False)
+    _agree(full, rank_memory(spec, model, a))
+    each = rank_memories(spec, model, a, kinds)
+    assert {r: m.peak_bytes for r, m in each.items()} == {
+        r: m.peak_bytes for r, m in rank_memories(spec, model, a, kinds, scale=False).items()
+    }
+    assert full.peak_bytes == max(m.peak_bytes for m in each.values())

@@ -6,6 +6,9 @@ gradients and optimizer state (padded to whole rows) plus what does not shard (t
 activations, a unit's gathered parameters): peak(N) = fixed + sharded / N. Two runs give
 the line; the smallest N under each budget is then run itself on fake tensors, and so
 is N - 1, so the answer is the fewest that fit by measurement, not by the line.
+Where ranks differ (uneven shards), the search runs one kind of rank, a lower bound of
+the heaviest: its answer N has N - 1 over the budget for every rank, so only N itself
+is then run for every kind (`fewest_gpus_checked`).
 Tensor parallelism splits heads, so its degrees are few (`TP_SIZES`): each is run in turn
 until every budget is met or the heads no longer divide.
 """
@@ -14,11 +17,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from inspector.schema.parallel import MAX_WORLD_SIZE
 
-__all__ = ["GpuCount", "fewest_gpus", "fewest_tp", "LINE_SIZES", "TP_SIZES"]
+__all__ = ["GpuCount", "fewest_gpus", "fewest_gpus_checked", "fewest_tp", "LINE_SIZES", "TP_SIZES"]
 
 LINE_SIZES = (8, 64)  # the two world sizes the FSDP line is drawn through
 TP_SIZES = (1, 2, 4, 8, 16, 32, 64)  # TP degrees tried: heads split in powers of two
@@ -60,6 +63,37 @@ def fewest_gpus(
     return [_smallest(peak, runs, b, _guess(b, fixed, per_rank)) for b in budgets]
 
 
+def fewest_gpus_checked(
+    lower_bound_at: Callable[[int], int],
+    peak_at: Callable[[int], int],
+    budgets: list[int],
+    sharded: bool,
+    line: tuple[int, int] = LINE_SIZES,
+    widen: Callable[[int], bool] = lambda n: False,
+) -> list[GpuCount]:
+    """`fewest_gpus` searched with `lower_bound_at(n) <= peak_at(n)` (some kinds of rank,
+    cheaper to run than every kind), then checked with `peak_at`. The search's answer n
+    has a lower bound over the budget at n - 1, so the heaviest rank is over there too.
+    Where the heaviest rank at n does not fit, `widen(n)` adds the kind that was heaviest
+    there to the lower bound and that budget is searched again; when nothing is left to
+    add, it is searched with `peak_at` alone. A budget no world size meets for the lower
+    bound is met by none."""
+    found: dict[int, GpuCount] = {}
+    pending = list(budgets)
+    while pending:
+        retry = []
+        for c in fewest_gpus(lower_bound_at, pending, sharded, line):
+            peak = peak_at(c.gpus) if c.gpus is not None else None
+            if peak is None or peak <= c.budget_bytes:
+                found[c.budget_bytes] = replace(c, per_rank_peak_bytes=peak)
+            elif widen(c.gpus):
+                retry.append(c.budget_bytes)
+            else:
+                found[c.budget_bytes] = fewest_gpus(peak_at, [c.budget_bytes], sharded, line)[0]
+        pending = retry
+    return [found[b] for b in budgets]
+
+
 def _guess(budget: int, fixed: float, sharded: float) -> int | None:
     """Where the line fixed + sharded / n meets the budget; None: it never does."""
     return None if budget <= fixed else _clamp(-int(-sharded // (budget - fixed)))
@@ -76,8 +110,10 @@ def _smallest(
     for _ in range(_SEARCH_RUNS):
         if n is None:
             return GpuCount(budget, None, None)
-        if peak(n) <= budget and (n == 1 or peak(n - 1) > budget):
+        if peak(n) <= budget and (n == 1 or (n - 1 in runs and runs[n - 1] > budget)):
             return GpuCount(budget, n, peak(n))
+        # a guess that fits is not taken for the answer until the one below it is run:
+        # the bracket says whether that is next, or a guess further down
         n = _next_guess(runs, budget)
     return _bisect(peak, runs, budget)
 
@@ -96,8 +132,9 @@ def _next_guess(runs: dict[int, int], budget: int) -> int | None:
             return _dip({n: runs[n] for n in spread[-3:]}, budget)
         guess = _crossing(a, runs[a], b, runs[b], budget) or 2 * b
         # near the last run the padding of uneven shards moves the peak more than the
-        # line can say: walk one rank at a time there
-        return _clamp(b + 1 if guess <= b + max(2, b // 32) else guess)
+        # line can say: step a few ranks on there (what fits is then bracketed)
+        step = max(2, b // 32)
+        return _clamp(b + step if guess <= b + step else guess)
     hi = min(fit)
     over = [n for n, p in runs.items() if p > budget and n < hi]
     if not over:  # all fit: extrapolate down from the two runs with the fewest ranks
@@ -108,7 +145,10 @@ def _next_guess(runs: dict[int, int], budget: int) -> int | None:
     if hi - lo == 1:
         return hi  # bracketed: hi fits and hi - 1 does not
     guess = _crossing(lo, runs[lo], hi, runs[hi], budget) or hi
-    return min(hi, max(lo + 1, guess))
+    # where the peak is flat in n the line's crossing sits next to an end of the bracket
+    # and would walk it one rank a run: keep it a quarter of the bracket from either end
+    margin = (hi - lo) // 4
+    return min(hi - max(1, margin), max(lo + max(1, margin), guess))
 
 
 def _spread(runs: dict[int, int]) -> list[int]:

@@ -381,12 +381,12 @@ def table(results: list[dict[str, Any]]) -> str:
 
 def gpus_needed(preset: str, plan: str, budgets: list[int], dims: dict[str, int]) -> dict:
     """The fewest GPUs for `plan` (its data-parallel degree varied; a 2-D plan keeps its
-    TP degree) on a preset, as the report's table is made: each world size's heaviest
-    rank from runs of the first 3 and 4 decoder layers, scaled to all of them."""
-    from inspector.distributed.fsdp import fsdp_heaviest
-    from inspector.distributed.gpus import fewest_gpus
-    from inspector.distributed.layerscale import scaled
-    from inspector.distributed.tp import fsdp_tp_heaviest
+    TP degree) on a preset, as the report's table is made (inspector.distributed.search):
+    each kind of rank run at the first 3 and 4 decoder layers and scaled to all of them,
+    the search on the first and last kinds, each answer checked on every kind."""
+    from types import SimpleNamespace
+
+    from inspector.distributed import search
     from inspector.loaders.presets import load_preset
     from inspector.memory.shadow import fake_inputs, new_fake_mode
     from inspector.memory.step import StepOptions
@@ -397,24 +397,15 @@ def gpus_needed(preset: str, plan: str, budgets: list[int], dims: dict[str, int]
     loaded = load_preset(preset, fake_mode=mode)
     with mode:
         inputs = fake_inputs(loaded.inputs.build(dims), mode)
-    spec, opts, runs = parse_plan(plan), StepOptions(fake_mode=mode), []
-    group = spec.tp_size if spec.strategy == "fsdp+tp" else 1
-
-    def peak_at(n: int) -> int:
-        runs.append(n * group)
-        at = spec.with_world_size(n * group)
-        heaviest = fsdp_heaviest if at.strategy == "fsdp" else fsdp_tp_heaviest
-
-        def run(model: nn.Module) -> Any:
-            return heaviest(model, inputs, opts, at)
-
-        return (scaled(run, loaded.model) or run(loaded.model)).peak_bytes
-
-    counts = fewest_gpus(peak_at, budgets, sharded=True)
+    spec = parse_plan(plan)
+    a = SimpleNamespace(on_fake=True, inputs=inputs, opts=StepOptions(fake_mode=mode))
+    plan_runs = search.PlanRuns(loaded.model, a)
+    counts = search.gpus_needed(plan_runs, spec, budgets)
+    runs = sorted({parse_plan(text).world_size for text, _ in plan_runs.ranks})
     return {
         "preset": preset, "plan": spec.family, "dims": dims, "runs": runs,
-        "gpus": {c.budget_bytes: (c.gpus and c.gpus * group, c.per_rank_peak_bytes)
-                 for c in counts},
+        "rank_runs": len(plan_runs.ranks),
+        "gpus": {c.budget_bytes: (c.gpus, c.per_rank_peak_bytes) for c in counts},
         "wall_s": round(time.perf_counter() - start, 1),
         "cpu_s": round(time.process_time() - cpu, 1),
     }  # fmt: skip

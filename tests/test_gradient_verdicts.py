@@ -263,3 +263,45 @@ def test_zero_initialised_head_gates_what_is_before_it() -> None:
     assert rows["stem.weight"].grad_norm == 0.0  # nothing passes a zero matrix
     assert rows["stem.weight"].verdict == rows["mid.weight"].verdict == "gated"
     assert rows["head.weight"].verdict == "ok" and loud(ctx) == []
+
+
+class ScaledBackbone(nn.Module):
+    """torchvision SSD's VGG backbone: it owns the L2 scale of a feature map itself, and
+    reads it after its first layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.scale = nn.Parameter(torch.full((16,), 20.0))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = torch.relu(self.c1(x))
+        return self.scale * nn.functional.normalize(a), torch.relu(self.c2(a))
+
+
+class MaskedHeads(nn.Module):
+    """Two heads; the loss reads only the second one's output on this sample (SSD's loss
+    picked no anchor of its first feature map): the first head and the scale get a
+    gradient of exactly 0 while every layer before them gets a healthy one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.backbone = ScaledBackbone()
+        self.head0, self.head1 = nn.Linear(16, 4), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scaled, features = self.backbone(x)
+        return self.head1(features) + 0 * self.head0(scaled)
+
+
+def test_a_containers_own_parameter_is_as_deep_as_where_it_is_read() -> None:
+    ctx = run(MaskedHeads(), torch.randn(8, 16))
+    rows = {r.name: r for r in ctx.report.gradients.params}
+    assert rows["backbone.scale"].grad_norm == rows["head0.weight"].grad_norm == 0.0
+    assert rows["backbone.c1.weight"].grad_norm > 0
+    layers = sorted(ctx.report.gradients.layers, key=lambda x: x.depth_index)
+    order = [x.module_path for x in layers]
+    # the container is called first, but its scale is read after c1 (and before c2)
+    assert order == ["backbone.c1", "backbone", "backbone.c2", "head1", "head0"]
+    assert rows["backbone.scale"].verdict == "ok" and loud(ctx) == []

@@ -55,6 +55,7 @@ class BackwardRun:
     no_grad_path: bool = False  # forward ran, but nothing trainable reaches the loss
     grads: dict[str, GradStats] = field(default_factory=dict)  # params whose grad is set
     called: list[str] = field(default_factory=list)  # module paths, first-call order
+    used: list[str] = field(default_factory=list)  # parameter names, first-use order
     scale_free: set[str] = field(default_factory=set)  # layers feeding a normalisation
     cuts: list[CutPoint] = field(default_factory=list)
     inplace: list[InplaceOp] = field(default_factory=list)
@@ -105,6 +106,7 @@ def backward_once(ctx: Context, watch: ForwardWatch | None = None) -> BackwardRu
     if watch is not None:
         watch.finish(output)
     run.called, run.cuts, run.inplace = list(rec.called), rec.cuts, rec.inplace
+    run.used = list(rec.used)
     run.scale_free = fed.layers()
     if any(p.requires_grad for p in model.parameters()):
         run.outputs_without_grad = [k for k, t in float_outputs(output) if not t.requires_grad]

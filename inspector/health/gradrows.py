@@ -118,13 +118,13 @@ def _later_rms(layers: list[LayerGrad]) -> dict[str, float]:
 def layer_rows(
     ctx: Context, run: BackwardRun, params: list[ParamGrad], th: dict
 ) -> list[LayerGrad]:
-    """Modules owning trainable parameters, in the order the forward first called them.
-    Each parameter still "ok" takes its layer's verdict."""
+    """Modules owning trainable parameters, in the order the forward first used their
+    parameters (`_depth_order`). Each parameter still "ok" takes its layer's verdict."""
     by_owner: dict[str, list[ParamGrad]] = {}
     for row in params:
         if row.verdict != "frozen":
             by_owner.setdefault(row.module_path, []).append(row)
-    order = [p for p in run.called if p in by_owner] + [p for p in by_owner if p not in run.called]
+    order = _depth_order(run, by_owner)
     types = {p: type(m).__name__ for p, m in ctx.model.named_modules()}
     layers = [_layer(path, types.get(path, ""), i, by_owner[path]) for i, path in enumerate(order)]
     largest = max((x.grad_rms for x in layers if x.grad_rms is not None), default=0.0)
@@ -140,6 +140,24 @@ def layer_rows(
             if row.verdict == "ok":
                 row.verdict = layer.verdict
     return layers
+
+
+def _depth_order(run: BackwardRun, by_owner: dict[str, list[ParamGrad]]) -> list[str]:
+    """Owners by the first op that read one of their parameters, then the rest by the
+    first call of their forward. A container's own parameter is read where its forward
+    uses it, not when the forward starts: torchvision SSD's L2 scale (`backbone`) is read
+    after the tenth conv, and ordered first it was the one "vanishing" layer when the
+    loss picked no anchor of the map it scales (its gradient, and the first head's, is
+    exactly 0 on such a sample, while every conv before it has a healthy one)."""
+    used = {name: i for i, name in enumerate(run.used)}
+    called = {path: i for i, path in enumerate(run.called)}
+    never = len(used) + len(called)
+
+    def key(path: str) -> tuple[int, int]:
+        first = min((used.get(r.name, never) for r in by_owner[path]), default=never)
+        return first, called.get(path, never)
+
+    return sorted(by_owner, key=key)
 
 
 def _local_not_vanishing(layers: list[LayerGrad]) -> None:

@@ -83,6 +83,7 @@ class ForwardRecorder(TorchFunctionMode):
         self.user_files = list(user_files)
         self.module_stack: list[str] = [""]
         self.called: dict[str, None] = {}  # module paths in order of first call
+        self.used: dict[str, None] = {}  # parameter names in order of first use by an op
         self.cuts: list[CutPoint] = []
         self.inplace: list[InplaceOp] = []
         self.in_loss = False  # set while loss_fn runs on the forward's output
@@ -94,6 +95,9 @@ class ForwardRecorder(TorchFunctionMode):
         target = args[0] if args and isinstance(args[0], torch.Tensor) else None
         before = target.grad_fn if target is not None and _is_inplace(name) else None
         out = func(*args, **kwargs)
+        for t in inputs:
+            if id(t) in self.param_names:
+                self.used.setdefault(self.param_names[id(t)], None)
         if inputs:
             self._observe(name, inputs, out, before)
         return out

@@ -1,0 +1,95 @@
+"""The GPUs-needed search over one plan family: every rank run cached by plan and rank,
+the search's lower bound (some kinds of rank) widened where the check finds another kind
+heavier. Shared by the distributed pass and `bench/distributed.py --gpus`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from inspector.distributed.gpus import LINE_SIZES, GpuCount, fewest_gpus_checked, fewest_tp
+from inspector.distributed.plan import rank_kinds, rank_memories, rank_memory
+from inspector.distributed.rankmemory import RankMemory
+from inspector.schema.parallel import PlanSpec
+
+__all__ = ["PlanRuns", "gpus_needed"]
+
+_BY_RANK = ("fsdp", "fsdp+tp", "tp")
+
+
+class PlanRuns:
+    """Each plan run once, each kind of rank of it once. `a` is the memory pass's
+    analysis (its fake mode, inputs and step options; DDP also reads its step)."""
+
+    def __init__(self, model: nn.Module, a: Any) -> None:
+        self.model, self.a = model, a
+        self.done: dict[str, RankMemory] = {}
+        self.ranks: dict[tuple[str, int], RankMemory] = {}
+        self.kinds: dict[str, set[int]] = {}  # a family's kinds of rank in its lower bound
+
+    def __call__(self, spec: PlanSpec) -> RankMemory:
+        """The heaviest rank of `spec`."""
+        if spec.text not in self.done:
+            if spec.strategy in _BY_RANK:
+                kinds = self._ranks(spec, rank_kinds(spec, self.model))
+                self.done[spec.text] = max(kinds, key=lambda m: m.peak_bytes)
+            else:
+                self.done[spec.text] = rank_memory(spec, self.model, self.a)
+        return self.done[spec.text]
+
+    def lower_bound(self, spec: PlanSpec) -> RankMemory:
+        """The heaviest of some kinds of rank of `spec`, never above `self(spec)`: the
+        first and the last kind (full chunks; the short ones) and those `widen` added."""
+        kinds = rank_kinds(spec, self.model) if spec.strategy in _BY_RANK else [0]
+        if len(kinds) == 1:
+            return self(spec)
+        positions = {p % len(kinds) for p in self.kinds.get(spec.family, {0, -1})}
+        ranks = sorted(kinds[p] for p in positions if p < len(kinds))
+        return max(self._ranks(spec, ranks), key=lambda m: m.peak_bytes)
+
+    def widen(self, spec: PlanSpec) -> bool:
+        """Add the position of the kind heaviest under `spec` to its family's lower bound;
+        False when it is there already."""
+        kinds = rank_kinds(spec, self.model) if spec.strategy in _BY_RANK else [0]
+        heaviest = kinds.index(self(spec).rank) if self(spec).rank in kinds else 0
+        chosen = self.kinds.setdefault(spec.family, {0, -1})
+        if heaviest in {p % len(kinds) for p in chosen}:
+            return False
+        chosen.add(heaviest)
+        return True
+
+    def _ranks(self, spec: PlanSpec, ranks: list[int]) -> list[RankMemory]:
+        missing = [r for r in ranks if (spec.text, r) not in self.ranks]
+        if missing:
+            got = rank_memories(spec, self.model, self.a, missing)
+            self.ranks.update({(spec.text, r): m for r, m in got.items()})
+        return [self.ranks[spec.text, r] for r in ranks]
+
+
+def gpus_needed(runs: PlanRuns, spec: PlanSpec, budgets: list[int]) -> list[GpuCount]:
+    """The fewest GPUs of `spec`'s family under each budget, each verified by its runs
+    (`gpus` counts every GPU: a 2-D plan keeps its TP degree and varies its FSDP one)."""
+    group = spec.tp_size if spec.strategy == "fsdp+tp" else 1
+
+    def peak_at(n: int) -> int:
+        return runs(spec.with_world_size(n * group)).peak_bytes
+
+    def lower_bound_at(n: int) -> int:
+        return runs.lower_bound(spec.with_world_size(n * group)).peak_bytes
+
+    def widen(n: int) -> bool:
+        return runs.widen(spec.with_world_size(n * group))
+
+    if spec.strategy == "tp":
+        counts = fewest_tp(peak_at, budgets)
+    else:  # through the asked degree (already run) and 8 times it
+        dp = spec.world_size // group
+        line = (dp, 8 * dp) if dp > 1 else LINE_SIZES
+        sharded = spec.strategy != "ddp"
+        counts = fewest_gpus_checked(lower_bound_at, peak_at, budgets, sharded, line, widen)
+    return [
+        GpuCount(c.budget_bytes, c.gpus * group if c.gpus else None, c.per_rank_peak_bytes)
+        for c in counts
+    ]

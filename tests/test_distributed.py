@@ -353,4 +353,4 @@ def test_fewest_gpus_searched_on_one_kind_of_rank_then_checked_on_every_kind() -
             assert sorted(set(checked) - {c.gpus for c in got}) == []
         else:  # at 16 the full kind is 5.3e9: 5e9 searched again on every kind, 17 fits
             assert 16 in checked and 17 in checked
-        assert len(set(searched)) <= 12
+        assert len(set(searched)) <= 14  # 3 budgets, 2 kinds of rank: no walk

@@ -146,9 +146,12 @@ def _next_guess(runs: dict[int, int], budget: int) -> int | None:
         return hi  # bracketed: hi fits and hi - 1 does not
     guess = _crossing(lo, runs[lo], hi, runs[hi], budget) or hi
     # where the peak is flat in n the line's crossing sits next to an end of the bracket
-    # and would walk it one rank a run: keep it a quarter of the bracket from either end
-    margin = (hi - lo) // 4
-    return min(hi - max(1, margin), max(lo + max(1, margin), guess))
+    # and would walk it one rank a run: keep it a third of the bracket from either end,
+    # and halve a short bracket, where whole-row padding moves the peak more than n does
+    if hi - lo <= 8:
+        return (lo + hi) // 2
+    margin = (hi - lo) // 3
+    return min(hi - margin, max(lo + margin, guess))
 
 
 def _spread(runs: dict[int, int]) -> list[int]:

@@ -131,6 +131,9 @@ def _next_guess(runs: dict[int, int], budget: int) -> int | None:
         if runs[b] >= runs[a]:  # more ranks made it worse: what grows with N may dip between
             return _dip({n: runs[n] for n in spread[-3:]}, budget)
         guess = _crossing(a, runs[a], b, runs[b], budget) or 2 * b
+        # where the peak flattens the line overshoots (Llama-3-70B at 40 GiB: it said 148
+        # past 119, the answer is 122): go at most twice as far as the last step went
+        guess = min(guess, b + 2 * (b - max(n for n in runs if n < b)))
         # near the last run the padding of uneven shards moves the peak more than the
         # line can say: step a few ranks on there (what fits is then bracketed)
         step = max(2, b // 32)

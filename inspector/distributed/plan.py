@@ -19,7 +19,7 @@ from inspector.distributed.ddp import ddp_rank_memory
 from inspector.distributed.fsdp import distinct_ranks, fsdp_rank_memory
 from inspector.distributed.layerscale import SCALE_FROM, identical_blocks, scaled
 from inspector.distributed.rankmemory import RankMemory
-from inspector.distributed.tp import tp_rank_memory
+from inspector.distributed.tp import tp_kinds, tp_rank_memory
 from inspector.distributed.zero import zero1_rank_memory
 from inspector.distributed.zero2 import zero2_rank_memory
 from inspector.forkmap import fork_map
@@ -56,7 +56,7 @@ def rank_kinds(spec: PlanSpec, model: nn.Module) -> list[int]:
     if spec.strategy == "fsdp":
         return distinct_ranks(model, spec.world_size)
     if spec.strategy == "fsdp+tp":
-        return [d * spec.tp_size for d in distinct_ranks(model, spec.dp_size)]
+        return tp_kinds(model, spec)
     return [0]
 
 

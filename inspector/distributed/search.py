@@ -42,7 +42,7 @@ class PlanRuns:
     def lower_bound(self, spec: PlanSpec) -> RankMemory:
         """The heaviest of some kinds of rank of `spec`, never above `self(spec)`: the
         first and the last kind (full chunks; the short ones) and those `widen` added."""
-        kinds = rank_kinds(spec, self.model) if spec.strategy in _BY_RANK else [0]
+        kinds = rank_kinds(spec, self.model)
         if len(kinds) == 1:
             return self(spec)
         positions = {p % len(kinds) for p in self.kinds.get(spec.family, {0, -1})}
@@ -52,7 +52,7 @@ class PlanRuns:
     def widen(self, spec: PlanSpec) -> bool:
         """Add the position of the kind heaviest under `spec` to its family's lower bound;
         False when it is there already."""
-        kinds = rank_kinds(spec, self.model) if spec.strategy in _BY_RANK else [0]
+        kinds = rank_kinds(spec, self.model)
         heaviest = kinds.index(self(spec).rank) if self(spec).rank in kinds else 0
         chosen = self.kinds.setdefault(spec.family, {0, -1})
         if heaviest in {p % len(kinds) for p in chosen}:

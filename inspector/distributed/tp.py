@@ -38,7 +38,7 @@ from inspector.memory.shadow import fake_shadow
 from inspector.memory.step import StepOptions, unique_tensors, warm_up
 from inspector.schema.parallel import PlanSpec
 
-__all__ = ["tp_rank_memory", "fsdp_tp_heaviest", "fake_mesh_2d"]
+__all__ = ["tp_rank_memory", "fsdp_tp_heaviest", "tp_kinds", "fake_mesh_2d"]
 
 
 @contextmanager
@@ -87,9 +87,15 @@ def fsdp_tp_heaviest(
     FSDP shard (FSDP shards the TP-local tensors: ranks of one TP group hold equal ones)."""
     if spec.strategy == "tp":
         return tp_rank_memory(model, inputs, opts, spec)
-    ranks = [d * spec.tp_size for d in distinct_ranks(model, spec.dp_size)]
+    ranks = tp_kinds(model, spec)
     runs = fork_map(lambda r: tp_rank_memory(model, inputs, opts, spec, rank=r), ranks)
     return max(runs, key=lambda m: m.peak_bytes)
+
+
+def tp_kinds(model: nn.Module, spec: PlanSpec) -> list[int]:
+    """One rank of each kind of a 2-D plan: FSDP's kinds across the TP groups (the ranks
+    of one TP group hold equal shards; the group's first stands for it)."""
+    return [d * spec.tp_size for d in distinct_ranks(model, spec.dp_size)]
 
 
 def _recomputed(model: nn.Module, paths: list[str], spec: PlanSpec) -> list[str]:

@@ -105,3 +105,69 @@ def test_dtensor_parameters_skip_the_same_arithmetic_and_keep_their_shards() -> 
     # (3 x 4 + 2) float32 values each, and two step scalars
     assert states[1][1] == 2 * (3 * 4 + 2) * 4 + 2 * 4
     assert "lerp_" in seen_ops[0] and "lerp_" not in seen_ops[1]
+
+
+def _full_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every optimizer step, warm-up and tracked, runs its in-place arithmetic."""
+    import inspector.distributed.rankstep as rankstep
+    import inspector.memory.step as step
+
+    monkeypatch.setattr(step, "without_inplace_arithmetic", lambda params: nullcontext())
+    monkeypatch.setattr(rankstep, "_without_inplace_arithmetic", lambda params: nullcontext())
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(24, 40), torch.nn.LayerNorm(40), torch.nn.GELU(), torch.nn.Linear(40, 8)
+    )
+
+
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adam", "adamw"])
+def test_tracked_step_without_the_arithmetic_tracks_the_same_memory(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory pass's fake step skips the optimizer's in-place arithmetic too: its
+    peak, phase peaks and timeline are those of the full step, byte for byte."""
+    from inspector.context import Inputs
+    from inspector.memory.shadow import fake_inputs, fake_shadow
+    from inspector.memory.step import StepOptions, train_step
+
+    def run() -> tuple:
+        mode = new_fake_mode()
+        opts = StepOptions(optimizer=name, fake_mode=mode)
+        inputs = fake_inputs(Inputs((torch.randn(16, 24),)), mode)
+        r = train_step(fake_shadow(_mlp(), mode), inputs, opts)
+        return r.peak_bytes, r.peak_phase, r.phase_peaks, r.points, r.optimizer_bytes
+
+    skipped = run()
+    _full_steps(monkeypatch)
+    assert run() == skipped
+    if name == "adamw":  # by hand: the step's peak is at the largest weight's division
+        params = (24 * 40 + 40 + 40 + 40 + 40 * 8 + 8) * 4  # 5,632 B
+        state = 2 * params + 6 * 4  # two moments and six step scalars
+        inputs, loss = 16 * 24 * 4, 4
+        sqrt_and_quotient = 2 * 40 * 24 * 4  # sqrt(exp_avg_sq) and its division, both live
+        assert skipped[2]["optimizer"] == 2 * params + state + inputs + loss + sqrt_and_quotient
+
+
+def test_fsdp_rank_step_without_the_arithmetic_tracks_the_same_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rank run's tracked optimizer step over DTensor shards: the same figures."""
+    from inspector.context import Inputs
+    from inspector.distributed.fsdp import fsdp_rank_memory
+    from inspector.memory.shadow import fake_inputs
+    from inspector.memory.step import StepOptions
+    from inspector.schema.parallel import parse_plan
+
+    def run() -> tuple:
+        mode = new_fake_mode()
+        opts = StepOptions(fake_mode=mode, loss_fn=lambda out, _: out.sum())
+        inputs = fake_inputs(Inputs((torch.randn(16, 24),)), mode)
+        m = fsdp_rank_memory(_mlp(), inputs, opts, parse_plan("fsdp:3"), rank=2)
+        return m.peak_bytes, m.peak_phase, m.phase_peaks, m.optimizer_bytes
+
+    skipped = run()
+    _full_steps(monkeypatch)
+    assert run() == skipped

@@ -30,7 +30,7 @@ from inspector.memory.loss import compute_loss
 from inspector.memory.optimizer import make_optimizer, state_bytes_of
 from inspector.memory.saved import SavedTracker
 from inspector.memory.tracker import LiveTracker, Point, storage_key
-from inspector.memory.warmup import is_fake, skipped_inplace_arithmetic
+from inspector.memory.warmup import without_inplace_arithmetic
 
 __all__ = ["StepOptions", "TrainResult", "ForwardResult", "train_step", "forward_run", "warm_up"]
 
@@ -99,7 +99,7 @@ def warm_up(optimizer: torch.optim.Optimizer | None, params: list[nn.Parameter])
         return
     for p in params:
         p.grad = torch.zeros_like(p)
-    with skipped_inplace_arithmetic() if params and is_fake(params[0]) else nullcontext():
+    with without_inplace_arithmetic(params):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -168,7 +168,8 @@ def _tracked_step(
         tracker.set_phase("optimizer")
         tracker.label = OPTIMIZER_LABEL
         if optimizer is not None:
-            optimizer.step()
+            with without_inplace_arithmetic(trainable):
+                optimizer.step()
             tracker.mark(OPTIMIZER_LABEL)
         for p in trainable:
             p.grad = None

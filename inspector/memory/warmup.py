@@ -20,7 +20,7 @@ whose local shard is such a fake tensor is skipped as that shard would be.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from inspector.fakevalues import value_of
 
-__all__ = ["skipped_inplace_arithmetic", "is_fake", "SKIPPED"]
+__all__ = ["skipped_inplace_arithmetic", "without_inplace_arithmetic", "is_fake", "SKIPPED"]
 
 _aten = torch.ops.aten
 # In-place elementwise updates of the torch optimizers' single-tensor steps.
@@ -90,3 +90,10 @@ def skipped_inplace_arithmetic() -> Iterator[None]:
     without running its kernel."""
     with _SkipInplace():
         yield
+
+
+def without_inplace_arithmetic(params: list[torch.Tensor]) -> AbstractContextManager[None]:
+    """`skipped_inplace_arithmetic` for an optimizer step over fake `params`, else nothing.
+    A tracked step loses nothing by it: on fake tensors those kernels allocate nothing
+    (no kernel memory model covers them) and the tracker counts allocations only."""
+    return skipped_inplace_arithmetic() if params and is_fake(params[0]) else nullcontext()

@@ -102,3 +102,23 @@ def test_a_world_after_another_rank_of_the_same_shape() -> None:
     first = tp_rank_memory(llama, inputs, opts, spec, rank=0)
     # rank 4 (FSDP index 2) holds the short chunks: 128 rows -> 43, 43, 42
     assert first.optimizer_bytes > later.optimizer_bytes
+
+
+def test_a_2d_world_joins_its_dp_and_tp_meshes_once() -> None:
+    """FSDP2 over TP joins the two meshes for every parameter; in a fake world the join
+    is made once per pair (it rebuilt rank-id tensors under FakeTensorMode each time) and
+    is the mesh torch would have made; the world gives torch's own join back at its end."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from inspector.distributed.tp import fake_mesh_2d
+
+    original = DeviceMesh._concatenate
+    with fake_mesh_2d(3, 2, rank=4) as mesh:
+        joined = DeviceMesh._concatenate([mesh["dp"], mesh["tp"]])
+        assert DeviceMesh._concatenate([mesh["dp"], mesh["tp"]]) is joined
+        fresh = original([mesh["dp"], mesh["tp"]])
+        assert joined.mesh_dim_names == fresh.mesh_dim_names == ("dp", "tp")
+        assert torch.equal(joined.mesh, fresh.mesh)  # rank = dp_index * 2 + tp_index
+        assert joined.mesh.tolist() == [[0, 1], [2, 3], [4, 5]]
+        assert list(joined.get_coordinate()) == list(fresh.get_coordinate()) == [2, 0]
+    assert DeviceMesh._concatenate is original

@@ -354,3 +354,42 @@ def test_fewest_gpus_searched_on_one_kind_of_rank_then_checked_on_every_kind() -
         else:  # at 16 the full kind is 5.3e9: 5e9 searched again on every kind, 17 fits
             assert 16 in checked and 17 in checked
         assert len(set(searched)) <= 14  # 3 budgets, 2 kinds of rank: no walk
+
+
+def test_a_search_stops_at_the_first_kind_of_rank_over_its_budget() -> None:
+    """A world size the search finds over its budget needs one kind of rank over it, not
+    all: the lower bound may stop there (`AtLeast`). The answers are those of the full
+    lower bound, at fewer kind runs, and a larger budget reruns what stopped below it."""
+    import math
+
+    from inspector.distributed.gpus import AtLeast
+
+    def last(n: int) -> int:  # the short chunk's gradient copy, as above
+        return int(1e9 + 64e9 * math.ceil(8192 / n) / 8192 + (1e8 if 8192 % n else 0))
+
+    def full(n: int) -> int:  # lighter by the copy, heavier by 4e8 where 8192 divides
+        return int(1e9 + 64e9 * math.ceil(8192 / n) / 8192 + (4e8 if 8192 % n == 0 else 0))
+
+    budgets = [int(3e9), int(5e9), int(2e10), int(3e10)]
+    results = []
+    for stops in (False, True):
+        kind_runs: list[tuple[str, int]] = []
+
+        def lower(n: int, over: int | None = None, kind_runs=kind_runs) -> int:
+            kind_runs.append(("last", n))
+            if over is not None and last(n) > over:
+                return AtLeast(last(n))
+            kind_runs.append(("full", n))
+            return max(last(n), full(n))
+
+        got = fewest_gpus_checked(
+            lower, lambda n: max(last(n), full(n)), budgets, sharded=True, stops_over=stops
+        )
+        results.append(([c.gpus for c in got], len(set(kind_runs))))
+    (answers, every_kind), (stopped, fewer) = results
+    # by hand: 3e9 needs 34 (33: 3.05e9 with the copy); 5e9 needs 17 (16: 5.4e9, the full
+    # kind where 8,192 divides); 2e10 needs 4 (3: 22.4e9); 3e10 needs 3 (2: 33.4e9)
+    assert stopped == answers == [34, 17, 4, 3]
+    every = [next(n for n in range(1, 5000) if max(last(n), full(n)) <= b) for b in budgets]
+    assert answers == every
+    assert (fewer, every_kind) == (24, 28)

@@ -21,7 +21,15 @@ from dataclasses import dataclass, replace
 
 from inspector.schema.parallel import MAX_WORLD_SIZE
 
-__all__ = ["GpuCount", "fewest_gpus", "fewest_gpus_checked", "fewest_tp", "LINE_SIZES", "TP_SIZES"]
+__all__ = [
+    "AtLeast",
+    "GpuCount",
+    "fewest_gpus",
+    "fewest_gpus_checked",
+    "fewest_tp",
+    "LINE_SIZES",
+    "TP_SIZES",
+]
 
 LINE_SIZES = (8, 64)  # the two world sizes the FSDP line is drawn through
 TP_SIZES = (1, 2, 4, 8, 16, 32, 64)  # TP degrees tried: heads split in powers of two
@@ -35,41 +43,78 @@ class GpuCount:
     per_rank_peak_bytes: int | None  # measured at `gpus`
 
 
+class AtLeast(int):
+    """A lower bound's figure that stopped at the first kind of rank over the budget it was
+    asked about: the heaviest rank is at least this, and over that budget."""
+
+
 def fewest_gpus(
-    peak_at: Callable[[int], int],
+    peak_at: Callable[..., int],
     budgets: list[int],
     sharded: bool,
     line: tuple[int, int] = LINE_SIZES,
+    stops_over: bool = False,
 ) -> list[GpuCount]:
     """`peak_at(n)`: the heaviest rank's peak at world size n (runs are cached); `line`:
     the two world sizes the FSDP line is drawn through. Every budget's search uses every
-    run made so far (one budget's runs narrow the next one's)."""
-    runs: dict[int, int] = {}
-
-    def peak(n: int) -> int:
-        if n not in runs:
-            runs[n] = peak_at(n)
-        return runs[n]
-
+    run made so far (one budget's runs narrow the next one's). With `stops_over`,
+    `peak_at(n, over)` may stop as soon as it is over `over` and say so (`AtLeast`)."""
+    peaks = _Peaks(peak_at, stops_over)
     if not sharded:
-        return [GpuCount(b, 1 if peak(1) <= b else None, peak(1)) for b in budgets]
+        return [GpuCount(b, 1 if peaks.at(1) <= b else None, peaks.at(1)) for b in budgets]
     lo, hi = line
-    per_rank = (peak(lo) - peak(hi)) / (1 / lo - 1 / hi)  # sharded bytes, all ranks
-    fixed = peak(hi) - per_rank / hi
+    plo, phi = peaks.at(lo), peaks.at(hi)
+    per_rank = (plo - phi) / (1 / lo - 1 / hi)
+    fixed = phi - per_rank / hi
     if per_rank <= 0:  # more ranks do not help (e.g. 8 experts on dim 0 of 64 ranks):
         # the answer is at most `lo`, searched below it as any other
-        return [_smallest(peak, runs, b, lo) if peak(lo) <= b else GpuCount(b, None, None)
-                for b in budgets]  # fmt: skip
-    return [_smallest(peak, runs, b, _guess(b, fixed, per_rank)) for b in budgets]
+        return [_search(peaks, b, lo) if plo <= b else GpuCount(b, None, None) for b in budgets]
+    return [_search(peaks, b, _guess(b, fixed, per_rank)) for b in budgets]
+
+
+class _Peaks:
+    """World size -> figure, each run once. An `AtLeast` says "over" for its budget and
+    every smaller one, nothing for a larger one: that budget runs it again (the kinds of
+    rank already run are cached below)."""
+
+    def __init__(self, peak_at: Callable[..., int], stops_over: bool) -> None:
+        self.peak_at, self.stops_over = peak_at, stops_over
+        self.runs: dict[int, int] = {}
+
+    def at(self, n: int, budget: int | None = None) -> int:
+        known = self.runs.get(n)
+        if known is None or not self._tells(known, budget):
+            known = self.peak_at(n, budget) if self.stops_over else self.peak_at(n)
+            self.runs[n] = known
+        return known
+
+    def view(self, budget: int) -> dict[int, int]:
+        """The runs that tell of `budget`."""
+        return {n: p for n, p in self.runs.items() if self._tells(p, budget)}
+
+    @staticmethod
+    def _tells(peak: int, budget: int | None) -> bool:
+        return not isinstance(peak, AtLeast) or (budget is not None and peak > budget)
+
+
+def _search(peaks: _Peaks, budget: int, guess: int | None) -> GpuCount:
+    runs = peaks.view(budget)
+
+    def peak(n: int) -> int:
+        runs[n] = peaks.at(n, budget)
+        return runs[n]
+
+    return _smallest(peak, runs, budget, guess)
 
 
 def fewest_gpus_checked(
-    lower_bound_at: Callable[[int], int],
+    lower_bound_at: Callable[..., int],
     peak_at: Callable[[int], int],
     budgets: list[int],
     sharded: bool,
     line: tuple[int, int] = LINE_SIZES,
     widen: Callable[[int], bool] = lambda n: False,
+    stops_over: bool = False,
 ) -> list[GpuCount]:
     """`fewest_gpus` searched with `lower_bound_at(n) <= peak_at(n)` (some kinds of rank,
     cheaper to run than every kind), then checked with `peak_at`. The search's answer n
@@ -77,12 +122,13 @@ def fewest_gpus_checked(
     Where the heaviest rank at n does not fit, `widen(n)` adds the kind that was heaviest
     there to the lower bound and that budget is searched again; when nothing is left to
     add, it is searched with `peak_at` alone. A budget no world size meets for the lower
-    bound is met by none."""
+    bound is met by none. `stops_over`: `lower_bound_at(n, over)` may stop at a kind over
+    `over` (fewest_gpus)."""
     found: dict[int, GpuCount] = {}
     pending = list(budgets)
     while pending:
         retry = []
-        for c in fewest_gpus(lower_bound_at, pending, sharded, line):
+        for c in fewest_gpus(lower_bound_at, pending, sharded, line, stops_over):
             peak = peak_at(c.gpus) if c.gpus is not None else None
             if peak is None or peak <= c.budget_bytes:
                 found[c.budget_bytes] = replace(c, per_rank_peak_bytes=peak)

@@ -9,7 +9,13 @@ from typing import Any
 
 from torch import nn
 
-from inspector.distributed.gpus import LINE_SIZES, GpuCount, fewest_gpus_checked, fewest_tp
+from inspector.distributed.gpus import (
+    LINE_SIZES,
+    AtLeast,
+    GpuCount,
+    fewest_gpus_checked,
+    fewest_tp,
+)
 from inspector.distributed.plan import rank_kinds, rank_memories, rank_memory
 from inspector.distributed.rankmemory import RankMemory
 from inspector.schema.parallel import PlanSpec
@@ -28,6 +34,7 @@ class PlanRuns:
         self.done: dict[str, RankMemory] = {}
         self.ranks: dict[tuple[str, int], RankMemory] = {}
         self.kinds: dict[str, set[int]] = {}  # a family's kinds of rank in its lower bound
+        self.heavy: dict[str, int] = {}  # the position of the kind heaviest there last
 
     def __call__(self, spec: PlanSpec) -> RankMemory:
         """The heaviest rank of `spec`."""
@@ -39,15 +46,26 @@ class PlanRuns:
                 self.done[spec.text] = rank_memory(spec, self.model, self.a)
         return self.done[spec.text]
 
-    def lower_bound(self, spec: PlanSpec) -> RankMemory:
+    def lower_bound(self, spec: PlanSpec, over: int | None = None) -> tuple[RankMemory, bool]:
         """The heaviest of some kinds of rank of `spec`, never above `self(spec)`: the
-        first and the last kind (full chunks; the short ones) and those `widen` added."""
+        first and the last kind (full chunks; the short ones) and those `widen` added;
+        and whether all of them were run. With `over`, they are run heaviest-last-time
+        first and the first one over `over` ends it: that is all a search asks there."""
         kinds = rank_kinds(spec, self.model)
         if len(kinds) == 1:
-            return self(spec)
+            return self(spec), True
         positions = {p % len(kinds) for p in self.kinds.get(spec.family, {0, -1})}
-        ranks = sorted(kinds[p] for p in positions if p < len(kinds))
-        return max(self._ranks(spec, ranks), key=lambda m: m.peak_bytes)
+        heavy = self.heavy.get(spec.family, -1) % len(kinds)
+        ranks = sorted((kinds[p] for p in positions), key=lambda r: r != kinds[heavy])
+        found: list[RankMemory] = []
+        for rank in ranks:
+            found += self._ranks(spec, [rank])
+            if over is not None and found[-1].peak_bytes > over and len(found) < len(ranks):
+                self.heavy[spec.family] = _position(kinds, rank)
+                return found[-1], False
+        heaviest = max(found, key=lambda m: m.peak_bytes)
+        self.heavy[spec.family] = _position(kinds, heaviest.rank)
+        return heaviest, True
 
     def widen(self, spec: PlanSpec) -> bool:
         """Add the position of the kind heaviest under `spec` to its family's lower bound;
@@ -68,6 +86,13 @@ class PlanRuns:
         return [self.ranks[spec.text, r] for r in ranks]
 
 
+def _position(kinds: list[int], rank: int) -> int:
+    """`rank`'s place among `kinds`, counted from the nearer end (the last kind is -1 at
+    every world size, however many kinds it has)."""
+    i = kinds.index(rank) if rank in kinds else len(kinds) - 1
+    return i if i < len(kinds) // 2 else i - len(kinds)
+
+
 def gpus_needed(runs: PlanRuns, spec: PlanSpec, budgets: list[int]) -> list[GpuCount]:
     """The fewest GPUs of `spec`'s family under each budget, each verified by its runs
     (`gpus` counts every GPU: a 2-D plan keeps its TP degree and varies its FSDP one)."""
@@ -76,8 +101,9 @@ def gpus_needed(runs: PlanRuns, spec: PlanSpec, budgets: list[int]) -> list[GpuC
     def peak_at(n: int) -> int:
         return runs(spec.with_world_size(n * group)).peak_bytes
 
-    def lower_bound_at(n: int) -> int:
-        return runs.lower_bound(spec.with_world_size(n * group)).peak_bytes
+    def lower_bound_at(n: int, over: int | None = None) -> int:
+        m, whole = runs.lower_bound(spec.with_world_size(n * group), over)
+        return m.peak_bytes if whole else AtLeast(m.peak_bytes)
 
     def widen(n: int) -> bool:
         return runs.widen(spec.with_world_size(n * group))
@@ -88,7 +114,9 @@ def gpus_needed(runs: PlanRuns, spec: PlanSpec, budgets: list[int]) -> list[GpuC
         dp = spec.world_size // group
         line = (dp, 8 * dp) if dp > 1 else LINE_SIZES
         sharded = spec.strategy != "ddp"
-        counts = fewest_gpus_checked(lower_bound_at, peak_at, budgets, sharded, line, widen)
+        counts = fewest_gpus_checked(
+            lower_bound_at, peak_at, budgets, sharded, line, widen, stops_over=True
+        )
     return [
         GpuCount(c.budget_bytes, c.gpus * group if c.gpus else None, c.per_rank_peak_bytes)
         for c in counts

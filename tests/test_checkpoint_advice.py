@@ -93,3 +93,18 @@ def _mib(n: int) -> str:
     from inspector.units import format_bytes
 
     return format_bytes(n)
+
+
+def test_the_checks_run_side_by_side_give_the_checks_run_one_by_one(
+    unet_report, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The advised checkpointing runs (one per group of blocks, and every block at once)
+    are independent fake steps run in forked children: the same advice as in one process."""
+    import inspector.forkmap as forkmap
+
+    monkeypatch.setattr(forkmap, "_may_fork", lambda: False)
+    options = Options(passes={"graph", "memory", "findings"}, measure=False, isolate=False)
+    alone = inspect_model(f"{HERE / 'test_gradient_verdicts.py'}:UNet", UNET_SPEC, options)
+    assert len([a for a in alone.memory.advice if a.kind.startswith("checkpoint")]) >= 2
+    assert alone.memory.advice == unet_report.memory.advice
+    assert alone.memory.setups == unet_report.memory.setups

@@ -22,6 +22,7 @@ import torch
 from inspector.memory.optimizer import make_optimizer, state_bytes_of
 from inspector.memory.step import warm_up
 from inspector.memory.tracker import LiveTracker
+from inspector.memory.warmup import without_inplace_arithmetic
 from inspector.report import SetupEstimate
 
 __all__ = ["Measured", "setups", "step_costs", "COMPARED_OPTIMIZERS"]
@@ -127,7 +128,7 @@ def step_costs(
             for state in optimizer.state.values():
                 tracker.add_all(list(state.values()), "static")
             resident = tracker.live
-            with tracker:
+            with tracker, without_inplace_arithmetic(shadows):
                 optimizer.step()
             out[name] = (state_bytes_of(optimizer), tracker.peak - resident)
     return out

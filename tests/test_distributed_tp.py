@@ -122,3 +122,26 @@ def test_a_2d_world_joins_its_dp_and_tp_meshes_once() -> None:
         assert joined.mesh.tolist() == [[0, 1], [2, 3], [4, 5]]
         assert list(joined.get_coordinate()) == list(fresh.get_coordinate()) == [2, 0]
     assert DeviceMesh._concatenate is original
+
+
+def test_gpt2s_conv1d_blocks_are_refused_by_name() -> None:
+    """GPT-2 projects with transformers' Conv1D, which torch's parallelize_module does not
+    split: the plan is refused saying so, for the whole model (not from a cut copy)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=9, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+    model = GPT2LMHeadModel(config)
+    with pytest.raises(NoTensorParallelPlan) as refused:
+        tensor_parallel_plan(model, 2)
+    text = str(refused.value)
+    assert "Conv1D" in text and "FSDP and DDP plans still apply" in text
+    assert "transformer.h.0, transformer.h.1, transformer.h.2 ... (9 blocks)" in text
+    # through the planner: 9 identical blocks would run cut to 3 and 4 in forked children;
+    # the refusal comes first, here, for all 9
+    from types import SimpleNamespace
+
+    from inspector.distributed.plan import rank_memories
+
+    analysis = SimpleNamespace(on_fake=True, inputs=None, opts=None)
+    with pytest.raises(NoTensorParallelPlan, match=r"\(9 blocks\)"):
+        rank_memories(parse_plan("tp:2"), model, analysis, [0])

@@ -20,6 +20,7 @@ from inspector.distributed.fsdp import distinct_ranks, fsdp_rank_memory
 from inspector.distributed.layerscale import SCALE_FROM, identical_blocks, scaled
 from inspector.distributed.rankmemory import RankMemory
 from inspector.distributed.tp import tp_kinds, tp_rank_memory
+from inspector.distributed.tpplan import tensor_parallel_plan
 from inspector.distributed.zero import zero1_rank_memory
 from inspector.distributed.zero2 import zero2_rank_memory
 from inspector.forkmap import fork_map
@@ -68,6 +69,8 @@ def rank_memories(
     depths run side by side."""
     _need_fake(spec, a)
     one = tp_rank_memory if spec.strategy in ("tp", "fsdp+tp") else fsdp_rank_memory
+    if one is tp_rank_memory:  # a plan refused for the whole model, here, not in a child
+        tensor_parallel_plan(model, spec.tp_size, bool(spec.options.get("sp")))
 
     def run(m: nn.Module, rank: int) -> RankMemory:
         return one(m, a.inputs, a.opts, spec, rank=rank)

@@ -71,10 +71,12 @@ def tensor_parallel_plan(model: nn.Module, tp: int, sp: bool = False) -> TensorP
             + "; each rank must compute whole heads: choose a TP degree dividing them"
         )
     if not styles:
+        units = shard_units(model)
+        shown = ", ".join(units[:3]) + (f" ... ({len(units)} blocks)" if len(units) > 3 else "")
         raise NoTensorParallelPlan(
             f"no tensor-parallel plan for tp:{tp}: the repeated blocks hold no nn.Linear "
             "q/k/v/o or up/gate/down projections and no pairs of nn.Linear to split "
-            f"(blocks: {', '.join(shard_units(model)) or 'none found'})"
+            f"(blocks: {shown or 'none found'})" + _conv1d_note(model, paths)
         )
     outer = _outer_styles(model, sp, tp)
     if sp and not {"model.embed_tokens", "lm_head"} <= set(outer):
@@ -92,6 +94,18 @@ def tensor_parallel_plan(model: nn.Module, tp: int, sp: bool = False) -> TensorP
 
 
 _SPLIT = (nn.Linear, nn.Embedding)
+
+
+def _conv1d_note(model: nn.Module, paths: list[str]) -> str:
+    """GPT-2-style blocks project with transformers' Conv1D (a Linear with its weight
+    transposed), which torch's ColwiseParallel/RowwiseParallel do not take."""
+    block = model.get_submodule(paths[0]) if paths and paths[0] else model
+    if not any(type(m).__name__ == "Conv1D" for m in block.modules()):
+        return ""
+    return (
+        "; its projections are transformers' Conv1D, which torch's parallelize_module does "
+        "not split (it takes nn.Linear and nn.Embedding): FSDP and DDP plans still apply"
+    )
 
 
 def _join(path: str, rel: str) -> str:

@@ -20,12 +20,13 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["fork_map", "ForkedRunFailed"]
+__all__ = ["fork_map", "fork_map_if_slow", "ForkedRunFailed"]
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 _in_child = False
+FORK_WORTH_SECONDS = 0.25  # a run shorter than this is not faster in a forked child
 
 
 class ForkedRunFailed(RuntimeError):
@@ -63,6 +64,14 @@ def fork_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
         for i, pid, read_fd in started:
             results[i] = _collect(pid, read_fd)
     return results
+
+
+def fork_map_if_slow(fn: Callable[[T], R], items: Sequence[T], seconds: float) -> list[R]:
+    """`fork_map` where each run, about `seconds` long, is worth a fork: a child costs
+    tens of milliseconds to fork and fault in, so a small model's 50 ms runs stay here."""
+    if seconds < FORK_WORTH_SECONDS:
+        return [fn(x) for x in items]
+    return fork_map(fn, items)
 
 
 def _start(fn: Callable[[Any], Any], item: Any) -> tuple[int, int]:

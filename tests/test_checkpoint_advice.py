@@ -99,12 +99,27 @@ def test_the_checks_run_side_by_side_give_the_checks_run_one_by_one(
     unet_report, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The advised checkpointing runs (one per group of blocks, and every block at once)
-    are independent fake steps run in forked children: the same advice as in one process."""
+    are independent fake steps, run in forked children when each is slow (a large model):
+    the same advice as in one process. Here forked whatever their time."""
     import inspector.forkmap as forkmap
+    import inspector.passes.memory as memory_pass
 
-    monkeypatch.setattr(forkmap, "_may_fork", lambda: False)
     options = Options(passes={"graph", "memory", "findings"}, measure=False, isolate=False)
-    alone = inspect_model(f"{HERE / 'test_gradient_verdicts.py'}:UNet", UNET_SPEC, options)
+    model = f"{HERE / 'test_gradient_verdicts.py'}:UNet"
+    forked: list[int] = []
+    start = forkmap._start
+
+    def counted(fn, item):  # noqa: ANN001, ANN202
+        forked.append(1)
+        return start(fn, item)
+
+    monkeypatch.setattr(forkmap, "_start", counted)
+    always = lambda fn, items, _seconds: forkmap.fork_map(fn, items)  # noqa: E731
+    monkeypatch.setattr(memory_pass, "fork_map_if_slow", always)
+    side_by_side = inspect_model(model, UNET_SPEC, options)
+    assert len(forked) >= 2
+    monkeypatch.setattr(forkmap, "_may_fork", lambda: False)
+    alone = inspect_model(model, UNET_SPEC, options)
     assert len([a for a in alone.memory.advice if a.kind.startswith("checkpoint")]) >= 2
-    assert alone.memory.advice == unet_report.memory.advice
-    assert alone.memory.setups == unet_report.memory.setups
+    assert side_by_side.memory.advice == alone.memory.advice == unet_report.memory.advice
+    assert side_by_side.memory.setups == alone.memory.setups == unet_report.memory.setups

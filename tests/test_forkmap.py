@@ -46,3 +46,19 @@ def test_a_failed_run_says_what_happened() -> None:
 
     with pytest.raises(ForkedRunFailed, match=f"signal {int(signal.SIGSEGV)}"):
         fork_map(crash, [1, 2])
+
+
+def test_only_runs_slower_than_a_fork_are_forked() -> None:
+    """fork_map_if_slow: forked children for runs that take a fork's cost or more."""
+    from inspector.forkmap import FORK_WORTH_SECONDS, fork_map_if_slow
+
+    def where(x: int) -> tuple[int, int]:
+        return x + 1, os.getpid()
+
+    here = os.getpid()
+    quick = fork_map_if_slow(where, [1, 2, 3], seconds=FORK_WORTH_SECONDS / 10)
+    assert quick == [(2, here), (3, here), (4, here)]
+    slow = fork_map_if_slow(where, [1, 2, 3], seconds=FORK_WORTH_SECONDS)
+    assert [v for v, _ in slow] == [2, 3, 4]
+    if forkmap._workers(3) >= 2:  # noqa: SLF001 - on one core everything runs here
+        assert here not in {pid for _, pid in slow}

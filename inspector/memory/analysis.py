@@ -7,6 +7,7 @@ user's model is untouched), or on a real copy when a model cannot run on fake te
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,6 +42,7 @@ class Analysis:
     warnings: list[str] = field(default_factory=list)
     # {seed: training-step peak} when a real copy's peak depends on its random draws
     peak_by_seed: dict[int, int] = field(default_factory=dict)
+    step_seconds: float = 0.0  # what the tracked training step took: what a rerun costs
 
 
 def step_options(ctx: Context) -> StepOptions:
@@ -79,14 +81,17 @@ def analyse(ctx: Context) -> Analysis:
 
 
 def _run(model: Any, inputs: Inputs, opts: StepOptions, fake_mode: Any) -> Analysis:
+    start = time.perf_counter()
     if fake_mode is not None:
         shadow = fake_shadow(model, fake_mode)
         train, by_seed = train_step(shadow, inputs, opts), {}
     else:
         shadow = real_shadow(model)
         train, by_seed = _real_train(shadow, inputs, opts)
+    seconds = time.perf_counter() - start
     forward = forward_run(shadow, inputs, opts)
     a = Analysis(opts, shadow, inputs, train, forward, on_fake=fake_mode is not None)
+    a.step_seconds = seconds
     a.peak_by_seed = by_seed
     if by_seed:
         low, high = min(by_seed.values()), max(by_seed.values())

@@ -11,7 +11,7 @@ import torch
 from inspector.context import Context, Inputs
 from inspector.detection import training_inputs
 from inspector.fakevalues import new_fake_mode
-from inspector.forkmap import fork_map
+from inspector.forkmap import fork_map_if_slow
 from inspector.graph.exportcapture import WRAPPED, flat_tensors
 from inspector.graph.fxcapture import FLAT_INPUTS
 from inspector.memory import advice, scaling, setups
@@ -208,14 +208,14 @@ def _check_checkpoints(
     if not a.on_fake or not savings:
         return {}, None
     # one run per group of same-type blocks with the same predicted saving, and every
-    # block at once: independent fake steps, side by side (inspector.forkmap)
+    # block at once: independent fake steps, side by side where each is slow enough
     firsts: dict[tuple[str, int], str] = {}
     for predicted, path, kind in savings[: advice.TOP]:
         firsts.setdefault((kind, predicted), path)
     runs: list[tuple[list[str], str]] = [([path], path) for path in firsts.values()]
     if len(savings) > 1:
         runs.append(([path for _, path, _ in savings], ""))
-    done = fork_map(lambda run: _checked(a, *run), runs)
+    done = fork_map_if_slow(lambda run: _checked(a, *run), runs, a.step_seconds)
     ran = dict(zip(firsts, done, strict=False))
     checked = {path: ran[kind, predicted] for predicted, path, kind in savings[: advice.TOP]}
     every = done[-1] if len(savings) > 1 else None

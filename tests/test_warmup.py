@@ -113,7 +113,7 @@ def _full_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     import inspector.memory.step as step
 
     monkeypatch.setattr(step, "without_inplace_arithmetic", lambda params: nullcontext())
-    monkeypatch.setattr(rankstep, "_without_inplace_arithmetic", lambda params: nullcontext())
+    monkeypatch.setattr(rankstep, "without_inplace_arithmetic", lambda params: nullcontext())
 
 
 def _mlp() -> torch.nn.Module:

@@ -25,7 +25,7 @@ from inspector.memory.loss import compute_loss
 from inspector.memory.optimizer import state_bytes_of
 from inspector.memory.step import StepOptions, unique_tensors
 from inspector.memory.tracker import storage_key
-from inspector.memory.warmup import without_inplace_arithmetic as _without_inplace_arithmetic
+from inspector.memory.warmup import without_inplace_arithmetic
 
 __all__ = ["tracked_step"]
 
@@ -79,7 +79,7 @@ def tracked_step(
         tracker.set_phase("optimizer")
         tracker.label = "(optimizer.step)"
         if optimizer is not None:
-            with _without_inplace_arithmetic(trainable):
+            with without_inplace_arithmetic(trainable):
                 optimizer.step()
         for p in trainable:
             p.grad = None

@@ -90,8 +90,9 @@ def _run(model: Any, inputs: Inputs, opts: StepOptions, fake_mode: Any) -> Analy
         train, by_seed = _real_train(shadow, inputs, opts)
     seconds = time.perf_counter() - start
     forward = forward_run(shadow, inputs, opts)
-    a = Analysis(opts, shadow, inputs, train, forward, on_fake=fake_mode is not None)
-    a.step_seconds = seconds
+    a = Analysis(
+        opts, shadow, inputs, train, forward, on_fake=fake_mode is not None, step_seconds=seconds
+    )
     a.peak_by_seed = by_seed
     if by_seed:
         low, high = min(by_seed.values()), max(by_seed.values())

@@ -5,7 +5,7 @@ these hold the working data behind it (a pass that did not run leaves its defaul
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # these modules import inspector.context, which imports this one
     from inspector.health.attention import AttentionSoftmax
@@ -64,3 +64,6 @@ class PassResults:
     # passes/modes.py: BatchNorm inputs of the train() forward, by module path
     batchnorm_inputs: dict[str, BatchNormInput] = field(default_factory=dict)
     modes_internal: bool = False  # passes/modes.py: its error is the inspector's own
+    # passes/modes.py: (inputs, output) of its eval() run at the report's seed, no grad:
+    # the eager output the export checks compare with on the sample
+    eval_output: tuple[Any, Any] | None = None

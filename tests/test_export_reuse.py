@@ -3,12 +3,14 @@ targets it compares with it (issue #17: no pass repeats a forward it already ran
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options
+from inspector.health import exportmatch
 from inspector.health.exportmatch import EagerOutputs
-from inspector.passes import export
+from inspector.passes import export, modes
 from inspector.report import Report
 
 
@@ -68,3 +70,76 @@ def test_export_pass_compares_three_targets_with_one_eager_run() -> None:
     # runs, and one more from jit.trace's own check, before)
     assert model.calls == 1
     assert model.training  # the pass leaves the model's mode as it found it
+
+
+class _Batch(InputFactory):
+    """x = [B, 8] with the named dim B."""
+
+    def __init__(self, batch: int) -> None:
+        super().__init__({"B": batch})
+
+    def build(self, dims: dict[str, int] | None = None, device: str = "cpu") -> Inputs:
+        b = (dims or {}).get("B", self.dims["B"])
+        return Inputs((torch.randn(b, 8),), {}, dims={"B": b})
+
+
+def _batched(model: nn.Module) -> Context:
+    factory = _Batch(6)
+    loaded = LoadedModel(model, "python", "test_export_reuse.py")
+    return Context(loaded, factory, factory.build(), Options(), Report())
+
+
+def _counting_exports(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each torch.export.export call's `dynamic_shapes is not None`, in order."""
+    calls: list[bool] = []
+    real = torch.export.export
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(kwargs.get("dynamic_shapes") is not None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.export, "export", counted)
+    return calls
+
+
+def test_the_nonstrict_target_is_the_dynamic_export_when_it_exports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _counting_exports(monkeypatch)
+    ctx = _batched(Counted())
+    export.run(ctx)
+    target = next(t for t in ctx.report.export.targets if t.target == "export-nonstrict")
+    # one export, with B dynamic, for the verdict, the sample and B=3 (two before)
+    assert calls == [True]
+    assert target.ok and target.checked == ["sample", "B=3"] and target.mismatch is None
+    with torch.no_grad():  # the independent answer: the eval forward by hand
+        expected = ctx.model.eval()(ctx.inputs.args[0])
+    assert target.max_abs_diff < 1e-6 * float(expected.abs().max())
+
+
+def test_a_failing_dynamic_export_leaves_the_verdict_to_the_static_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refused(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("no dynamic program here")
+
+    monkeypatch.setattr(exportmatch, "export_graph", refused)
+    calls = _counting_exports(monkeypatch)
+    ctx = _batched(Counted())
+    export.run(ctx)
+    target = next(t for t in ctx.report.export.targets if t.target == "export-nonstrict")
+    assert calls == [False]  # the static export, after the refused dynamic one
+    assert target.ok and target.checked == ["sample", "B=3"]
+    assert target.mismatch == "B=3: fails: RuntimeError: no dynamic program here"
+
+
+def test_the_export_checks_compare_the_sample_with_the_modes_eval_run() -> None:
+    model = Counted()
+    ctx = _batched(model)
+    modes.run(ctx)
+    assert model.calls == 2  # eval(), then train(): the model draws nothing at random
+    export.run(ctx)
+    # eager ran once more, at B=3 only: the sample's eager output is modes' eval() run
+    assert model.calls == 3
+    nonstrict = ctx.report.export.targets[0]
+    assert nonstrict.checked == ["sample", "B=3"] and nonstrict.max_abs_diff < 1e-6

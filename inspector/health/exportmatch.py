@@ -20,7 +20,7 @@ from inspector.graph.tensors import tensor_leaves
 from inspector.health.state import preserved, seeded
 from inspector.report import ExportTarget
 
-__all__ = ["check_target", "changed_inputs", "EagerOutputs", "RTOL"]
+__all__ = ["check_target", "changed_inputs", "DynamicExport", "EagerOutputs", "RTOL"]
 
 RTOL = 1e-3  # of the largest eager value: float32 reordering stays far below it
 
@@ -40,11 +40,15 @@ def changed_inputs(ctx: Context) -> list[tuple[str, Inputs]]:
 
 class EagerOutputs:
     """The eager model's float outputs per input set, run once for all targets (eval mode,
-    no grad, seeded: every target compares with the same values)."""
+    no grad, seeded: every target compares with the same values). The sample's is the
+    modes pass's eval() run when it ran: the same forward (passes/modes.py)."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self._outputs: dict[int, tuple[Inputs, list[torch.Tensor]]] = {}
+        if ctx.results.eval_output is not None:
+            inputs, output = ctx.results.eval_output
+            self._outputs[id(inputs)] = (inputs, _floats(output))
 
     def of(self, inputs: Inputs) -> list[torch.Tensor]:
         kept = self._outputs.get(id(inputs))
@@ -58,22 +62,53 @@ class EagerOutputs:
         return kept[1]
 
 
+class DynamicExport:
+    """The model exported non-strict with the named dims left dynamic (Dim.AUTO), at most
+    once per report: every export target runs it at the changed dims, and it is the
+    non-strict target's own program when it exports (passes/export.py). Called on
+    inputs, it runs them, or raises the export's error."""
+
+    def __init__(self, ctx: Context, others: list[tuple[str, Inputs]]) -> None:
+        self.ctx, self.others = ctx, others
+        self._built: tuple[Any, Exception | None] | None = None
+
+    def module(self) -> Any:
+        if self._built is None:
+            ctx = self.ctx
+            args, kwargs = tuple(ctx.inputs.args), dict(ctx.inputs.kwargs)
+            base = flat_tensors(args, kwargs)
+            changed = [flat_tensors(tuple(i.args), dict(i.kwargs)) for _, i in self.others]
+            try:
+                gm = export_graph(ctx.model, args, kwargs, dynamic=moving_axes(base, changed))[1]
+                self._built = (gm, None)
+            except Exception as exc:  # noqa: BLE001 - said where the program is run
+                self._built = (None, exc)
+        gm, error = self._built
+        if error is not None:
+            raise error
+        return gm
+
+    def __call__(self, inputs: Inputs) -> Any:
+        return self.module()(*flat_tensors(tuple(inputs.args), dict(inputs.kwargs)))
+
+
 def check_target(
     ctx: Context,
     target: ExportTarget,
     artifact: Any,
     others: list[tuple[str, Inputs]],
     eager: EagerOutputs | None = None,
+    dynamic: DynamicExport | None = None,
 ) -> None:
-    """Fill `target.max_abs_diff`, `.checked` and `.mismatch`; `eager` shares the eager
-    outputs between the targets."""
+    """Fill `target.max_abs_diff`, `.checked` and `.mismatch`; `eager` and `dynamic`
+    share the eager outputs and the dynamic export between the targets."""
     run = _runner(target.target, artifact)
     if run is None:
         return
     eager = eager or EagerOutputs(ctx)
     cases = [("sample", ctx.inputs, run)]
     if target.target.startswith("export") and others:
-        dynamic = _dynamic_export(ctx, others)
+        dynamic = dynamic or DynamicExport(ctx, others)
         cases += [(label, inputs, dynamic) for label, inputs in others]
     elif not target.target.startswith("export"):
         cases += [(label, inputs, run) for label, inputs in others]
@@ -88,6 +123,8 @@ def check_target(
 
 
 def _runner(name: str, artifact: Any) -> Callable[[Inputs], Any] | None:
+    if isinstance(artifact, DynamicExport):
+        return artifact
     if name.startswith("export"):
         module = artifact.module()
         return lambda inputs: module(*inputs.args, **inputs.kwargs)
@@ -96,20 +133,6 @@ def _runner(name: str, artifact: Any) -> Callable[[Inputs], Any] | None:
     if name == "onnx":  # an ONNXProgram runs itself with onnxruntime
         return lambda inputs: artifact(*flat_tensors(tuple(inputs.args), dict(inputs.kwargs)))
     return None
-
-
-def _dynamic_export(ctx: Context, others: list[tuple[str, Inputs]]) -> Callable[[Inputs], Any]:
-    args, kwargs = tuple(ctx.inputs.args), dict(ctx.inputs.kwargs)
-    base = flat_tensors(args, kwargs)
-    axes = moving_axes(base, [flat_tensors(tuple(i.args), dict(i.kwargs)) for _, i in others])
-    built: dict[str, Any] = {}
-
-    def call(inputs: Inputs) -> Any:
-        if "gm" not in built:
-            built["gm"] = export_graph(ctx.model, args, kwargs, dynamic=axes)[1]
-        return built["gm"](*flat_tensors(tuple(inputs.args), dict(inputs.kwargs)))
-
-    return call
 
 
 def _compare(

@@ -18,9 +18,14 @@ from typing import Any
 
 import torch
 
-from inspector.context import Context, Inputs
+from inspector.context import Context
 from inspector.graph.exportcapture import Flat, flat_tensors, moving_axes
-from inspector.health.exportmatch import EagerOutputs, changed_inputs, check_target
+from inspector.health.exportmatch import (
+    DynamicExport,
+    EagerOutputs,
+    changed_inputs,
+    check_target,
+)
 from inspector.libraryoutput import library_output_captured, printed_summary
 from inspector.report import ExportTarget
 from inspector.tracebacks import user_location
@@ -29,17 +34,30 @@ __all__ = ["run", "TARGETS", "ONNX_MODULES"]
 
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 
-# A target: (context, the inputs with each named dim changed) -> the exported artifact.
-Attempt = Callable[[Context, list[tuple[str, Inputs]]], Any]
+# A target: (context, the export with the named dims dynamic, which holds the inputs with
+# each dim changed: `.others`) -> the exported artifact.
+Attempt = Callable[[Context, DynamicExport], Any]
 
 
 def _export(strict: bool) -> Attempt:
-    def attempt(ctx: Context, others: list[tuple[str, Inputs]]) -> Any:
+    def attempt(ctx: Context, dynamic: DynamicExport) -> Any:
         return torch.export.export(
             ctx.model, tuple(ctx.inputs.args), dict(ctx.inputs.kwargs), strict=strict
         )
 
     return attempt
+
+
+def _export_nonstrict(ctx: Context, dynamic: DynamicExport) -> Any:
+    """The program with the named dims dynamic when it exports: it runs the sample as the
+    static one would, and the changed dims too, so the static export is not made again.
+    Else the static export, whose error is the verdict (the dynamic one's is said at the
+    changed dims)."""
+    if dynamic.others:
+        with contextlib.suppress(Exception):
+            dynamic.module()
+            return dynamic
+    return _export(strict=False)(ctx, dynamic)
 
 
 def _script(ctx: Context) -> Any:
@@ -62,12 +80,13 @@ def _trace(ctx: Context) -> Any:
         return torch.jit.trace(ctx.model, tuple(ctx.inputs.args), strict=False, check_trace=False)
 
 
-def _onnx(ctx: Context, others: list[tuple[str, Inputs]]) -> Any:
+def _onnx(ctx: Context, dynamic: DynamicExport) -> Any:
     """The dynamo ONNX exporter on the flattened inputs, with the axes the named dims move
     left dynamic (Dim.AUTO, as for torch.export), so onnxruntime can run it at other dims."""
     args, kwargs = tuple(ctx.inputs.args), dict(ctx.inputs.kwargs)
     tensors = flat_tensors(args, kwargs)
-    axes = moving_axes(tensors, [flat_tensors(tuple(i.args), dict(i.kwargs)) for _, i in others])
+    others = [flat_tensors(tuple(i.args), dict(i.kwargs)) for _, i in dynamic.others]
+    axes = moving_axes(tensors, others)
     auto = torch.export.Dim.AUTO
     shapes = {"tensors": tuple({a: auto for a in ax} for ax in axes)} if any(axes) else None
     # The exporter narrates its steps on stdout and logs warnings about optional packages;
@@ -99,10 +118,10 @@ def _quiet_logger(name: str) -> Iterator[None]:
 
 
 TARGETS: list[tuple[str, Attempt]] = [
-    ("export-nonstrict", _export(strict=False)),
+    ("export-nonstrict", _export_nonstrict),
     ("export-strict", _export(strict=True)),
-    ("torchscript-script", lambda ctx, others: _script(ctx)),
-    ("torchscript-trace", lambda ctx, others: _trace(ctx)),
+    ("torchscript-script", lambda ctx, dynamic: _script(ctx)),
+    ("torchscript-trace", lambda ctx, dynamic: _trace(ctx)),
     ("onnx", _onnx),
 ]
 # What running an ONNX target needs: the exporter (onnx, onnxscript) and a runtime.
@@ -118,21 +137,22 @@ def run(ctx: Context) -> None:
         if level == "all" or (level == "fast" and name not in SLOW_TARGETS)
     ]
     others = changed_inputs(ctx) if chosen and not ctx.options.fake else []
+    dynamic = DynamicExport(ctx, others)  # made once, when a target asks for it
     artifacts: dict[str, Any] = {}
     ctx.report.export.targets = [
-        _try(ctx, name, attempt, others, artifacts) for name, attempt in chosen
+        _try(ctx, name, attempt, dynamic, artifacts) for name, attempt in chosen
     ]
     eager = EagerOutputs(ctx)  # one eager run per input set, whatever the targets
     for target in ctx.report.export.targets:
         if target.target in artifacts:
-            check_target(ctx, target, artifacts[target.target], others, eager)
+            check_target(ctx, target, artifacts[target.target], others, eager, dynamic)
 
 
 def _try(
     ctx: Context,
     name: str,
     attempt: Attempt,
-    others: list[tuple[str, Inputs]],
+    dynamic: DynamicExport,
     artifacts: dict[str, Any],
 ) -> ExportTarget:
     skip = _skip_reason(ctx, name)
@@ -146,7 +166,7 @@ def _try(
     ctx.model.eval()  # exports are for inference: BatchNorm and Dropout in eval mode
     try:
         with library_output_captured() as out:  # a failing export dumps its graph
-            artifacts[name] = attempt(ctx, others)
+            artifacts[name] = attempt(ctx, dynamic)
     except Exception as exc:  # any failure is the answer we report
         output = printed_summary(out.text)
         return ExportTarget(

@@ -32,6 +32,7 @@ class _Run:
     values: dict[str, torch.Tensor] = field(default_factory=dict)  # in forward order
     paths: dict[str, str | None] = field(default_factory=dict)
     outputs: list[torch.Tensor] = field(default_factory=list)
+    output: Any = None  # the forward's return value, as it returned it
     kept_bytes: int = 0
     drew: bool = False  # drew from the generators `seeded` seeds
     error: str | None = None
@@ -90,6 +91,8 @@ def run(ctx: Context) -> None:
     with preserved(ctx.model):
         # eval first: the train run updates BatchNorm running stats that eval would read
         evaluated = _forward(ctx, training=False)
+        if evaluated.error is None:  # the export checks' eager run on the sample
+            ctx.results.eval_output = (ctx.inputs, evaluated.output)
         # the reseeded run can only differ through the generators `seeded` seeds
         reseeded = (
             _forward(ctx, training=False, seed=ctx.options.seed + 1) if evaluated.drew else None
@@ -137,7 +140,7 @@ def _forward(ctx: Context, training: bool, seed: int | None = None) -> _Run:
         note = f" ({INTERNAL_NOTE})" if result.internal else ""
         result.error = f"forward in {mode} mode failed{at}: {type(exc).__name__}: {exc}{note}"
         return result
-    result.outputs = [t for _, t in float_outputs(output)]
+    result.output, result.outputs = output, [t for _, t in float_outputs(output)]
     return result
 
 

@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_leaves
 
 from inspector.context import Inputs
 
-__all__ = ["default_loss", "compute_loss", "DEFAULT_LOSS_TEXT"]
+__all__ = ["default_loss", "compute_loss", "DefaultLossRefused", "DEFAULT_LOSS_TEXT"]
 
 DEFAULT_LOSS_TEXT = "sum of the floating outputs' means"
 LossFn = Callable[[Any, Inputs], torch.Tensor]
@@ -26,6 +26,10 @@ def _leaves(output: Any) -> list[Any]:
     return tree_leaves(output)
 
 
+class DefaultLossRefused(ValueError):
+    """The default loss found no floating output that requires grad."""
+
+
 def default_loss(output: Any, inputs: Inputs) -> torch.Tensor:
     terms = [
         t.mean()
@@ -33,7 +37,7 @@ def default_loss(output: Any, inputs: Inputs) -> torch.Tensor:
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
     ]
     if not terms:
-        raise ValueError(
+        raise DefaultLossRefused(
             "the model's output has no floating tensor that requires grad, so there is "
             "nothing to train; give a loss_fn(output, inputs) or check requires_grad."
         )

@@ -1,0 +1,89 @@
+"""The probe pass runs a real model's forward on a fake copy (no arithmetic), and for
+real where the fake copy needs values (issue #17: no pass repeats a real forward it
+does not need)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options
+from inspector.passes import probe
+from inspector.report import Report
+
+USER_FILE = __file__
+
+
+class MakesParam(nn.Module):
+    """Makes a parameter in forward (the `param-created-in-forward` finding) and counts
+    its forwards on real tensors; `branch`: decides a branch on a value first."""
+
+    def __init__(self, branch: bool) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.branch = branch
+        self.real_calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if type(x) is torch.Tensor:
+            self.real_calls += 1
+        if self.branch and x.sum().item() > 1e9:
+            return x
+        scale = nn.Parameter(torch.ones(4))  # MADE-HERE
+        return self.fc(x) * scale
+
+
+def _probed(model: nn.Module) -> Context:
+    loaded = LoadedModel(model, "python", "test_probe.py", user_files=[USER_FILE])
+    inputs = Inputs((torch.randn(2, 4),), {})
+    ctx = Context(loaded, InputFactory(), inputs, Options(), Report())
+    probe.run(ctx)
+    return ctx
+
+
+def _made_line() -> int:
+    lines = Path(USER_FILE).read_text().splitlines()
+    return next(i for i, t in enumerate(lines, 1) if t.endswith("# MADE-HERE"))
+
+
+def test_the_probe_sees_a_real_models_forward_on_a_fake_copy() -> None:
+    model = MakesParam(branch=False)
+    ctx = _probed(model)
+    assert model.real_calls == 0  # the forward ran, on fake tensors only
+    [made] = ctx.results.created_in_forward
+    assert made.what == "Parameter" and made.location == f"test_probe.py:{_made_line()}"
+    assert [name for name, _ in model.named_parameters()] == ["fc.weight", "fc.bias"]
+
+
+def test_a_forward_that_needs_a_value_is_probed_for_real() -> None:
+    model = MakesParam(branch=True)
+    ctx = _probed(model)
+    assert model.real_calls == 1  # the fake copy stopped at .item(): one real forward
+    [made] = ctx.results.created_in_forward
+    assert made.location == f"test_probe.py:{_made_line()}"
+
+
+class Scores(nn.Module):
+    """An attention-like softmax: its saturation needs values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.real_calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if type(x) is torch.Tensor:
+            self.real_calls += 1
+        scores = torch.matmul(x, x.transpose(-1, -2))
+        return torch.softmax(scores, dim=-1) @ x
+
+
+def test_an_attention_softmax_is_probed_for_real_for_its_saturation() -> None:
+    model = Scores()
+    loaded = LoadedModel(model, "python", "test_probe.py", user_files=[USER_FILE])
+    ctx = Context(loaded, InputFactory(), Inputs((torch.randn(2, 3, 4),), {}), Options(), Report())
+    probe.run(ctx)
+    assert model.real_calls == 1
+    [found] = ctx.results.attention_softmaxes
+    assert not found.fake and found.rows == 6 and not found.scaled

@@ -9,9 +9,11 @@ rounds every block up to 512 bytes, which the estimate mirrors with `round_to=51
 cuBLAS workspaces, made once per process, are made before the step (`_warm_cublas`).
 
 The step runs on a deep copy, so the user's weights and buffers are untouched.
-Three windows, in this order: an inference forward (eval, no_grad; no optimizer state
-yet), a forward + loss whose output is then released (what stays is what autograd
-saved, plus the loss), and the training step after the optimizer's warm-up.
+Two windows, in this order: an inference forward (eval, no_grad; no optimizer state
+yet), and the training step after the optimizer's warm-up. Inside the step, the forward
+and loss are a window of their own: what they leave allocated is what autograd saved,
+plus the loss. The inputs were allocated before it, so those autograd saved (the first
+layer's input, token ids) are added by storage, seen by a saved-tensors hook.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from inspector.context import Inputs
 from inspector.memory.loss import compute_loss
@@ -67,24 +70,19 @@ def _measure(model: nn.Module, inputs: Inputs, opts: StepOptions) -> Measurement
             batch = clone_inputs(inputs)
         with meter.window("forward"):
             _inference(shadow, batch, opts)
-        torch.manual_seed(opts.seed)
-        with meter.window("saved"):
-            loss = _forward_and_release(shadow, batch, opts)
-        loss_bytes = _round(loss.untyped_storage().nbytes(), opts)
-        del loss  # the saved graph goes with it, before the step
         trainable = [p for p in unique_tensors(shadow.parameters()) if p.requires_grad]
         optimizer = make_optimizer(opts.optimizer, trainable)
         warm_up(optimizer, trainable)
         torch.manual_seed(opts.seed)
         start = time.perf_counter()
         with meter.window("step"):
-            _train_step(shadow, batch, opts, optimizer, trainable)
+            kept_apart = _train_step(shadow, batch, opts, optimizer, trainable, meter)
         seconds = time.perf_counter() - start
     return Measurement(
         method=meter.method,
         device=opts.device,
         forward_peak_bytes=meter.peak("forward"),
-        saved_activation_bytes=meter.net("saved") - loss_bytes,
+        saved_activation_bytes=meter.net("saved") + kept_apart,
         train_peak_bytes=meter.peak("step"),
         step_seconds=seconds,
     )
@@ -103,15 +101,6 @@ def _inference(model: nn.Module, batch: Inputs, opts: StepOptions) -> None:
         del output
 
 
-def _forward_and_release(model: nn.Module, batch: Inputs, opts: StepOptions) -> torch.Tensor:
-    """Forward + loss on a fresh copy of the inputs; only the loss is returned, so what
-    stays allocated is what autograd saved (and the loss)."""
-    model.train()
-    fresh = clone_inputs(batch)
-    with _autocast(opts):
-        return compute_loss(opts.loss_fn, fresh.call(model), fresh)
-
-
 def _round(n: int, opts: StepOptions) -> int:
     return -(-n // opts.round_to) * opts.round_to
 
@@ -122,15 +111,57 @@ def _train_step(
     opts: StepOptions,
     optimizer: torch.optim.Optimizer | None,
     trainable: list[nn.Parameter],
-) -> None:
+    meter: _Meter,
+) -> int:
+    """The step; returns what the "saved" window's net leaves out: the inputs' storages
+    autograd saved, less the loss."""
     model.train()
-    with _autocast(opts):
+    inputs = _SavedInputs(batch, opts)
+    with meter.mark("saved"), inputs.watched(), _autocast(opts):
         loss = compute_loss(opts.loss_fn, batch.call(model), batch)
+    kept_apart = inputs.saved_bytes - _round(loss.untyped_storage().nbytes(), opts)
     loss.backward()
     if optimizer is not None:
         optimizer.step()
     for p in trainable:
         p.grad = None
+    return kept_apart
+
+
+class _SavedInputs:
+    """The input tensors' storages that autograd saves during the block, by a pack hook
+    that keeps each saved tensor as it is (nothing copied, nothing allocated)."""
+
+    def __init__(self, batch: Inputs, opts: StepOptions) -> None:
+        leaves = tree_leaves((batch.args, batch.kwargs))
+        storages = [_storage(t) for t in leaves if isinstance(t, torch.Tensor)]
+        self._sizes = {s.data_ptr(): _round(s.nbytes(), opts) for s in storages if s is not None}
+        self._saved: set[int] = set()
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(self._sizes[ptr] for ptr in self._saved)
+
+    def watched(self):  # noqa: ANN201
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = _storage(t)
+        if storage is not None and storage.data_ptr() in self._sizes:
+            self._saved.add(storage.data_ptr())
+        return t
+
+
+def _unpack(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
+    """None for a tensor without one storage (sparse, a wrapper subclass)."""
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
 
 
 class _Meter:
@@ -142,6 +173,10 @@ class _Meter:
 
     def window(self, name: str):  # noqa: ANN201
         raise NotImplementedError
+
+    def mark(self, name: str):  # noqa: ANN201
+        """A window inside another: its net only (a CUDA peak is not reset)."""
+        return self.window(name)
 
     def peak(self, name: str) -> int:
         raise NotImplementedError
@@ -232,6 +267,14 @@ class _CudaMeter(_Meter):
         yield
         torch.cuda.synchronize()
         self.peaks[name] = torch.cuda.max_memory_allocated() - self.base
+        self.nets[name] = torch.cuda.memory_allocated() - before
+
+    @contextmanager
+    def mark(self, name: str) -> Iterator[None]:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        yield
+        torch.cuda.synchronize()
         self.nets[name] = torch.cuda.memory_allocated() - before
 
     def peak(self, name: str) -> int:

@@ -1,0 +1,47 @@
+"""The real measurement (memory/measure.py) runs two forwards: an inference one and the
+training step, whose forward and loss are the window that measures the saved bytes
+(issue #17). The saved bytes are worked out by hand here, the inputs autograd keeps
+included."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from inspector.context import Inputs
+from inspector.memory.measure import measure
+from inspector.memory.step import StepOptions
+
+F32, I64 = 4, 8
+
+
+class Counted(nn.Module):
+    """Counts its forwards (a class counter: the measurement runs on a deep copy)."""
+
+    calls = 0
+
+    def __init__(self, body: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        Counted.calls += 1
+        return self.body(x)
+
+
+def test_an_mlps_saved_bytes_are_its_input_and_its_relu_output() -> None:
+    Counted.calls = 0
+    model = Counted(nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 10)))
+    got = measure(model, Inputs((torch.randn(64, 784),), {}), StepOptions())
+    # Linear 1 saves its input x; ReLU saves its output, which Linear 2 saves too (one
+    # tensor); the loss is left out
+    assert got.saved_activation_bytes == 64 * 784 * F32 + 64 * 512 * F32
+    assert Counted.calls == 2  # the inference forward and the step's
+
+
+def test_token_ids_that_the_embedding_saves_are_counted() -> None:
+    model = Counted(nn.Sequential(nn.Embedding(1000, 64), nn.Linear(64, 64)))
+    ids = torch.randint(0, 1000, (8, 512))
+    got = measure(model, Inputs((ids,), {}), StepOptions())
+    # the embedding saves the ids for its backward, Linear its input
+    assert got.saved_activation_bytes == 8 * 512 * I64 + 8 * 512 * 64 * F32

@@ -65,7 +65,13 @@ from typing import Any
 
 import torch
 
-from inspector.memory.kernels.registry import KernelMemory, formula, measured_here
+from inspector.memory.kernels.registry import (
+    KernelMemory,
+    formula,
+    measured_here,
+    on_avx2,
+    simd_floats,
+)
 
 __all__ = [
     "conv_forward_scratch",
@@ -75,21 +81,25 @@ __all__ = [
 ]
 
 aten = torch.ops.aten
-BLOCK = 16  # AVX-512 float32 channel block
 F32 = 4
-FIRST_CONV_CHANNELS = 16  # oneDNN's "1st conv" kernels: fewer input channels, plain input
 SCRATCHPAD_ALIGN = 128  # what a oneDNN scratchpad adds to its content, measured
 GEMM_DILATION = 8  # from this dilation oneDNN may pick its GEMM conv (measured at batch 2)
 DILATED_EXACT_FROM = 32  # px: a dilated conv's backward on smaller maps is not all modelled
 # channels-last kernels' scratchpads at one thread, measured: forward, backward data
 NHWC_FORWARD_SCRATCH, NHWC_BACKWARD_SCRATCH = 8216, 8344
-NHWC_DEPTHWISE_ROWS = 256  # the depthwise backward-weights buffer: channels x kernel x 256
 # 3-D backward weights, batch >= 2, input depth <= 2: oneDNN's GEMM kernel (measured)
 GEMM_3D_MAX_DEPTH, GEMM_3D_WEIGHT_COPIES, GEMM_3D_ALIGN = 2, 4, 256
 
 
+def block() -> int:
+    """The float32 channel block: 16 on AVX-512, 8 on AVX2. oneDNN's "1st conv" kernels
+    take a layer with fewer input channels than this, and read its input as it is."""
+    return simd_floats() or 16
+
+
 def _pad(n: int) -> int:
-    return -(-int(n) // BLOCK) * BLOCK
+    b = block()
+    return -(-int(n) // b) * b
 
 
 def _nbytes(shape: Any) -> int:
@@ -112,7 +122,7 @@ def _weights(weight: torch.Tensor, groups: int, first: bool) -> int:
 
 
 def _first(x: torch.Tensor, groups: int) -> bool:
-    return int(x.shape[1]) < FIRST_CONV_CHANNELS and groups == 1
+    return int(x.shape[1]) < block() and groups == 1
 
 
 def _unit_stride(x: torch.Tensor, weight: torch.Tensor, out_shape: Any, stride: Any) -> int:
@@ -151,7 +161,7 @@ def conv_backward_scratch(
         weights = max(weights, end + _weights(weight, groups, first))
     copied = 0 if grad_out.is_contiguous() else _nbytes(grad_out.shape)
     # a depthwise conv's bias gradient takes no more (measured on 5x5 and 7x7, 24 channels)
-    padded_bias = bool(mask[2]) and oc % BLOCK != 0 and not _depthwise(weight, groups)
+    padded_bias = bool(mask[2]) and oc % block() != 0 and not _depthwise(weight, groups)
     return copied + max(0, max(data, weights) - end) + _bias_scratch(oc, padded_bias)
 
 
@@ -194,6 +204,17 @@ def _wider_than_input(x: torch.Tensor, weight: torch.Tensor, dilation: Any) -> b
     return any(int(d) > 1 and (int(k) - 1) * int(d) + 1 > int(size) for k, d, size in dims)
 
 
+def _gemm_backward_weights(x: torch.Tensor, weight: torch.Tensor, dilation: Any) -> bool:
+    """A 2-D conv's weight gradient by oneDNN's GEMM kernel: a dilated kernel wider than its
+    map, and on AVX2 an undilated one too (a 3 x 3 on a 2 x 2 map: byte-exact on 6 calls
+    of `bench/memory.py kernel-grid`, 64-960 channels, where the direct formula was 4x
+    short)."""
+    if _wider_than_input(x, weight, dilation):
+        return True
+    dims = zip(weight.shape[2:], x.shape[2:], strict=False)
+    return on_avx2() and any(int(k) > int(size) for k, size in dims)
+
+
 def _dilated(dilation: Any) -> bool:
     return any(int(d) > 1 for d in dilation)
 
@@ -220,7 +241,8 @@ def _grouped(weight: torch.Tensor, groups: int) -> bool:
     its forward scratch); groups of whole blocks (64 -> 128 in 2) are byte-exact."""
     if groups == 1 or _depthwise(weight, groups):
         return False
-    return int(weight.shape[1]) % BLOCK != 0 or (int(weight.shape[0]) // groups) % BLOCK != 0
+    b = block()
+    return int(weight.shape[1]) % b != 0 or (int(weight.shape[0]) // groups) % b != 0
 
 
 def nhwc_forward_scratch(weight: torch.Tensor, groups: int) -> int:
@@ -255,7 +277,7 @@ def _nhwc_depthwise_backward(
     off the profiler, `bench/memory.py kernel-depthwise`): a direct one for
     kernels up to 3 x 3, undilated, padded by at most 1, on maps at least the kernel's
     height (a padded weight-gradient copy, a plain one and the bias gradient's); and one
-    with a per-channel reduction buffer of 256 x kernel floats otherwise (timm CoaT's
+    with a per-channel reduction buffer of 256 (AVX2: 64) x kernel floats otherwise (timm CoaT's
     5 x 5 and 7 x 7 position encodings, a 3 x 3 on a 2-px map). A bias gradient alone
     runs the same kernel; the input gradient alone takes only a padded weight copy."""
     w, oc = _nbytes(weight.shape), int(weight.shape[0])
@@ -266,11 +288,15 @@ def _nhwc_depthwise_backward(
     small = max(kernel) <= 3 and not _dilated(dilation)
     if small and max(int(p) for p in padding) <= 1 and size[0] >= kernel[0]:
         return w_pad + w + bias, True
-    reduce = oc * math.prod(kernel) * NHWC_DEPTHWISE_ROWS * F32
-    partial_sums = (oc + 2) * BLOCK * F32
+    # rows of the reduction buffer: block squared (measured: 256 on AVX-512, 64 on AVX2)
+    reduce = oc * math.prod(kernel) * block() ** 2 * F32
+    partial_sums = (oc + 2) * block() * F32
     # the weight gradient is returned or not, the scratch is the same (measured)
     scratch = reduce + max(partial_sums + bias, 2 * bias + 2 * w) - w - bias
-    return scratch, not small  # a 3 x 3 padded by 2 takes a third kernel: not measured
+    # a 3 x 3 padded by 2 takes a third kernel: not measured; on AVX2 so does a map
+    # smaller than the kernel (no reduction buffer: a 7 x 7 on 4 px takes 1/13 of this)
+    tiny = on_avx2() and any(n < k for n, k in zip(size, kernel, strict=False))
+    return scratch, not (small or tiny)
 
 
 def nchw_depthwise_backward_scratch(
@@ -296,9 +322,12 @@ def nchw_depthwise_backward_scratch(
     generic = conv_backward_scratch(grad_out, x, weight, oc, strided, mask)  # copy included
     out = [int(n) for n in grad_out.shape[2:]]  # a strided call's output too
     maps = zip(size, out, kernel, strict=True)
-    wide = int(x.shape[1]) > BLOCK and all(min(n, o) >= 2 * k - 2 for n, o, k in maps)
+    wide = int(x.shape[1]) > block() and all(min(n, o) >= 2 * k - 2 for n, o, k in maps)
     if not wide:
         return generic, False
+    # on AVX2 a 5 x 5 or 7 x 7 on fewer than 8 blocks of channels may take other buffers
+    # (16-48 channels: up to 2x this); exact from 64 (64-120 channels on 8 and 16 px)
+    measured = measured and not (on_avx2() and int(x.shape[1]) < 8 * block())
     if strided:
         return copied + max(0, s - w - bias), measured
     return generic, measured
@@ -352,6 +381,27 @@ def _onednn(x: torch.Tensor, weight: torch.Tensor, conv: tuple) -> bool:
     return backend == torch._C._ConvBackend.Mkldnn
 
 
+def _avx2_unmeasured(x: torch.Tensor, groups: int, stride: Any, mask: Any) -> bool:
+    """Backward calls whose AVX2 kernels take other buffers than the formulas here (read
+    off the profiler on an AMD EPYC): a first layer's weight gradient (an input copy,
+    except at 3 channels), a 3-D conv, and a strided one on fewer channels than two
+    blocks. Reported as partial there (a dilated direct conv too: `_backward`)."""
+    if not on_avx2():
+        return False
+    first = _first(x, groups) and bool(mask[1])
+    narrow = any(int(n) > 1 for n in stride) and int(x.shape[1]) < 2 * block()
+    return first or narrow or x.dim() == 5
+
+
+def _avx2_nhwc_forward_unmeasured(weight: torch.Tensor, groups: int, stride: Any) -> bool:
+    """AVX2's channels-last forward of a dense conv: exact at up to 32 output channels
+    (3 shapes), 18 KB over the formula at 64 (another weight blocking), and a 4 KB larger
+    scratchpad when strided. Reported as partial there."""
+    if not on_avx2() or _depthwise(weight, groups):
+        return False
+    return int(weight.shape[0]) > 4 * block() or any(int(n) > 1 for n in stride)
+
+
 def _pointwise(weight: torch.Tensor, stride: Any, padding: Any) -> bool:
     ones = all(k == 1 for k in weight.shape[2:]) and all(s == 1 for s in stride)
     return ones and not any(padding)
@@ -374,15 +424,17 @@ def _forward(args: tuple, kwargs: dict, out: Any) -> KernelMemory | None:
         return KernelMemory()
     copy = _dense_copy(x, weight)
     if _layout(x, weight) == "nhwc":
-        return KernelMemory(copy + nhwc_forward_scratch(weight, groups))
+        scratch = copy + nhwc_forward_scratch(weight, groups)
+        return KernelMemory(scratch, partial=_avx2_nhwc_forward_unmeasured(weight, groups, stride))
     scratch = copy + conv_forward_scratch(x, weight, out.shape, groups, stride)
     oc = int(weight.shape[0])
-    scratch += _bias_scratch(oc, args[2] is not None and oc % BLOCK != 0)
+    scratch += _bias_scratch(oc, args[2] is not None and oc % block() != 0)
     # a depthwise kernel wider than its map takes another kernel (less than this)
     wide = _depthwise(weight, groups) and any(
         int(k) > int(n) for k, n in zip(weight.shape[2:], x.shape[2:], strict=False)
     )
     unknown = _gemm_possible(x, weight, dilation) or _grouped(weight, groups) or wide
+    unknown = unknown or (on_avx2() and (_dilated(dilation) or x.dim() == 5))
     return KernelMemory(scratch, partial=unknown)
 
 
@@ -395,33 +447,36 @@ def _backward(args: tuple, kwargs: dict, out: Any) -> KernelMemory | None:
     if _pointwise(weight, stride, padding):
         return KernelMemory()
     strided = any(s > 1 for s in stride)
+    # other kernels than those measured: per-thread buffers, or AVX2's own
+    avx2 = _avx2_unmeasured(x, groups, stride, mask)
     path = _conv3d_path(x, groups, mask)
     if path == "gemm":
         scratch = conv3d_gemm_weights_scratch(x, weight, grad_out)
-        return KernelMemory(scratch, partial=torch.get_num_threads() > 1)
-    threads = (mask[1] or mask[2]) and torch.get_num_threads() > 1  # per-thread buffers
+        return KernelMemory(scratch, partial=torch.get_num_threads() > 1 or avx2)
+    unmeasured = bool(mask[1] or mask[2]) and torch.get_num_threads() > 1 or avx2
     copy = _dense_copy(x, weight)
     if _layout(x, weight) == "nhwc":
         scratch, exact = nhwc_backward_scratch(x, weight, groups, mask, padding, dilation)
         direct = _depthwise(weight, groups) and max(int(k) for k in weight.shape[2:]) <= 3
-        unknown = not exact or (strided and not direct) or threads
+        unknown = not exact or (strided and not direct) or unmeasured
         return KernelMemory(copy + scratch, partial=unknown)
     if x.dim() == 4 and _depthwise(weight, groups):
         scratch, exact = nchw_depthwise_backward_scratch(
             x, weight, grad_out, stride, dilation, mask
         )
-        return KernelMemory(copy + scratch, partial=not exact or threads)
-    if x.dim() == 4 and groups == 1 and mask[1] and _wider_than_input(x, weight, dilation):
+        return KernelMemory(copy + scratch, partial=not exact or unmeasured)
+    if x.dim() == 4 and groups == 1 and mask[1] and _gemm_backward_weights(x, weight, dilation):
         scratch = copy + conv2d_gemm_weights_scratch(x, weight, grad_out)
         measured = mask[0] and not mask[2]  # measured with the input's gradient, no bias
-        return KernelMemory(scratch, partial=threads or not measured)
+        return KernelMemory(scratch, partial=unmeasured or not measured)
     scratch = copy + conv_backward_scratch(grad_out, x, weight, groups, strided, mask)
     # on a small map a dilated kernel may take other buffers (blocked columns: up to 3.6x
     # this formula at dilation 2 on 8 and 16 px; exact on 20 shapes of 32 px): reported
     small = _dilated(dilation) and min(int(n) for n in x.shape[2:]) <= DILATED_EXACT_FROM - 1
+    small = small or (on_avx2() and _dilated(dilation))  # AVX2: 2.8x this at 32 px
     # from a dilation of 8 oneDNN may take its GEMM backward by a cache-size heuristic
     # (an AMD EPYC: a 3x3 at dilation 12 on 32 px, 2.3 MB against the direct 0.39 MB)
     dims = zip(weight.shape[2:], dilation, strict=False)
     gemm = any(int(k) > 1 and int(d) >= GEMM_DILATION for k, d in dims)
-    unknown = small or threads or path == "other" or _grouped(weight, groups) or gemm
+    unknown = small or unmeasured or path == "other" or _grouped(weight, groups) or gemm
     return KernelMemory(scratch, partial=unknown)

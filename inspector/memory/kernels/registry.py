@@ -24,6 +24,8 @@ __all__ = [
     "formula",
     "kernel_memory",
     "measured_here",
+    "on_avx2",
+    "simd_floats",
     "FORMULAS",
     "UNKNOWN",
     "op_name",
@@ -58,10 +60,27 @@ UNKNOWN: frozenset[Any] = frozenset(
 )
 
 
+# float32 lanes of the vector ISA oneDNN runs on, for the CPUs its formulas were measured
+# on: its channel blocks are this wide (AVX-512 on Intel Xeon, AVX2 on AMD EPYC)
+_LANES = {"AVX512": 16, "AVX2": 8}
+
+
+def simd_floats() -> int:
+    """16 on AVX-512, 8 on AVX2; 0 on another CPU (no formula applies there)."""
+    return _LANES.get(torch.backends.cpu.get_cpu_capability(), 0)
+
+
 def measured_here() -> bool:
-    """The oneDNN formulas were measured on an AVX-512 CPU (16-float channel blocks); on
-    another ISA oneDNN picks other blocks and kernels, so their calls are reported instead."""
-    return torch.backends.cpu.get_cpu_capability() == "AVX512"
+    """The oneDNN formulas were measured on AVX-512 (16-float channel blocks) and AVX2 (8)
+    CPUs; on another ISA oneDNN picks other blocks and kernels, so their calls are
+    reported instead."""
+    return simd_floats() > 0
+
+
+def on_avx2() -> bool:
+    """AVX2: the same formulas with 8-float blocks, byte-exact on fewer kernels (the rest
+    are reported as partial: inspector/memory/kernels/onednn_conv.py)."""
+    return simd_floats() == 8
 
 
 def formula(*ops: Any) -> Callable[[Formula], Formula]:

@@ -7,7 +7,7 @@ import math
 import os
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,7 +24,8 @@ from inspector.tracebacks import INTERNAL_NOTE, inspector_fault
 from inspector.tracebacks import user_location as exc_location
 
 __all__ = [
-    "GradStats", "BackwardRun", "InplaceError", "ForwardWatch", "backward_once", "grad_stats",
+    "GradStats", "BackwardRun", "InplaceError", "ForwardWatch", "OwnBackward", "backward_once",
+    "grad_stats", "reached_leaves",
 ]  # fmt: skip
 
 
@@ -85,7 +86,18 @@ class ForwardWatch(Protocol):
     def finish(self, output: Any) -> None: ...
 
 
-def backward_once(ctx: Context, watch: ForwardWatch | None = None) -> BackwardRun:
+# A backward of another pass's own, in place of the eager one (the per-node replay): called
+# with the eager loss (its value, the leaves its graph reaches) once the eager graph is
+# released; True when it ran and filled the same parameters' grads.
+OwnBackward = Callable[[float, frozenset[int]], bool]
+
+
+def backward_once(
+    ctx: Context, watch: ForwardWatch | None = None, backward: OwnBackward | None = None
+) -> BackwardRun:
+    """The eager forward under the recorders, the loss, and the backward: the eager one,
+    or `backward` where it runs (one forward and backward fewer for the report). Where
+    it does not, the eager forward and backward run again: their error is the answer."""
     run = BackwardRun()
     model = ctx.model
     for param in model.parameters():
@@ -126,14 +138,45 @@ def backward_once(ctx: Context, watch: ForwardWatch | None = None) -> BackwardRu
         run.error = f"the loss does not require grad: no parameter gradient reaches it{by}"
         return run
     run.loss_value = float(loss.detach())
+    if backward is not None:
+        leaves = reached_leaves(loss)
+        del loss, output  # the eager graph goes before the other forward
+        if backward(run.loss_value, leaves):
+            run.backward_ran = True
+            run.grads = _grad_stats(model)
+            return run
+        for param in model.parameters():
+            param.grad = None
+        return backward_once(ctx)
     try:
         loss.backward()
         run.backward_ran = True
     except RuntimeError as exc:
         run.internal = inspector_fault(exc)
         run.error = _backward_error(ctx, exc, run)
-    run.grads = {n: grad_stats(p.grad) for n, p in model.named_parameters() if p.grad is not None}
+    run.grads = _grad_stats(model)
     return run
+
+
+def _grad_stats(model: torch.nn.Module) -> dict[str, GradStats]:
+    return {n: grad_stats(p.grad) for n, p in model.named_parameters() if p.grad is not None}
+
+
+def reached_leaves(loss: torch.Tensor) -> frozenset[int]:
+    """Ids of the leaf tensors (parameters, inputs) the loss's autograd graph reaches."""
+    found: set[int] = set()
+    seen: set[int] = set()
+    stack = [loss.grad_fn] if loss.grad_fn is not None else []
+    while stack:
+        fn = stack.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        variable = getattr(fn, "variable", None)  # AccumulateGrad: a leaf's grad
+        if variable is not None:
+            found.add(id(variable))
+        stack.extend(next_fn for next_fn, _ in fn.next_functions if next_fn is not None)
+    return frozenset(found)
 
 
 @contextmanager

@@ -3,18 +3,21 @@ in backward order, whose output gradient holds NaN/Inf."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from inspector.context import Context
-from inspector.health.backprop import grad_stats
+from inspector.health.backprop import grad_stats, reached_leaves
 from inspector.health.outputs import flat_tensors, make_loss
 from inspector.health.state import seeded
 from inspector.health.values import NodeRef, OnValue, run_nodes
 
-__all__ = ["NodeGrads", "node_grads", "Observer"]
+__all__ = [
+    "ExpectedLoss", "LossDiverged", "NodeGrads", "node_grads", "Observer",
+]  # fmt: skip
 
 
 class Observer(Protocol):
@@ -28,14 +31,34 @@ class NodeGrads:
     norms: dict[str, float] = field(default_factory=dict)
     first_nan: str | None = None
     method: str = ""
+    backward_ran: bool = False
+
+
+class LossDiverged(RuntimeError):
+    """The replay's loss is not the one expected: it computed something else (a graph
+    captured in eval mode, random draws in another order), or reaches other parameters
+    (a `torch.no_grad()` block, which an fx graph does not keep), so its grads are not
+    the eager forward's."""
+
+
+@dataclass(frozen=True)
+class ExpectedLoss:
+    """What the eager forward's loss was: its value and the leaves its graph reaches."""
+
+    value: float
+    leaves: frozenset[int]  # ids of the tensors whose grads its backward would fill
 
 
 def _first_grad_tensor(value: Any) -> torch.Tensor | None:
     return next((t for _, t in flat_tensors(value) if t.requires_grad), None)
 
 
-def node_grads(ctx: Context, also: Observer | None = None) -> NodeGrads:
-    """`also` sees every node's value too (the numerics statistics, from this forward)."""
+def node_grads(
+    ctx: Context, also: Observer | None = None, expect: ExpectedLoss | None = None
+) -> NodeGrads:
+    """`also` sees every node's value too (the numerics statistics, from this forward).
+    `expect`: the eager forward's loss, which this one must be, value and reached leaves,
+    before its backward runs (else LossDiverged)."""
     result = NodeGrads()
 
     def on_value(ref: NodeRef, value: Any) -> None:
@@ -53,9 +76,20 @@ def node_grads(ctx: Context, also: Observer | None = None) -> NodeGrads:
     seeded(ctx.options.seed)
     output, result.method = run_nodes(ctx, on_value, on_reset=on_reset)
     loss, _ = make_loss(output, ctx.inputs, ctx.loaded.loss_fn)
+    if expect is not None and not _same_loss(loss, expect):
+        raise LossDiverged(f"the replay's loss is not the eager forward's {expect.value}")
     if loss is not None and loss.requires_grad:
         loss.backward()
+        result.backward_ran = True
     return result
+
+
+def _same_loss(loss: torch.Tensor | None, expected: ExpectedLoss) -> bool:
+    if loss is None or not loss.requires_grad:
+        return False
+    # the same ops on the same values: equal but for float rounding in another order
+    same = math.isclose(float(loss.detach()), expected.value, rel_tol=1e-6)
+    return same and reached_leaves(loss) == expected.leaves
 
 
 def _record(result: NodeGrads, name: str, grad: torch.Tensor) -> None:

@@ -11,7 +11,7 @@ from inspector.context import Context
 from inspector.detection import training_inputs
 from inspector.health.backprop import BackwardRun, backward_once
 from inspector.health.gradrows import layer_rows, module_grad_norms, param_rows
-from inspector.health.nodegrads import NodeGrads, node_grads
+from inspector.health.nodegrads import ExpectedLoss, LossDiverged, NodeGrads, node_grads
 from inspector.health.state import preserved
 from inspector.health.thresholds import GRADIENT_KEYS, resolve
 from inspector.passes.modes import TrainRecorder, shares_train_forward
@@ -34,10 +34,15 @@ def run(ctx: Context) -> None:
     with preserved(ctx.model), training_inputs(ctx, "gradients"):
         # the forward is modes' train() run too, when the model trains as it stands
         recorder = TrainRecorder() if ctx.inputs is inputs and shares_train_forward(ctx) else None
-        result = backward_once(ctx, recorder)
         # the replay is the forward numerics would run, when the inputs are the sample's
         observer = Observer(ctx) if ctx.options.wants("numerics") and ctx.inputs is inputs else None
-        graded = _node_grads(ctx, observer) if result.backward_ran else None
+        replay = _Replay(ctx, observer)
+        result = backward_once(ctx, recorder, replay.backward if replay.fills_grads() else None)
+        graded = replay.graded
+        if graded is None and result.backward_ran:
+            graded = _node_grads(ctx, observer) if replay.error is None else None
+    if replay.error is not None and result.backward_ran:  # as when it ran after the backward
+        ctx.report.meta.warnings.append(f"gradients: per-node gradients skipped ({replay.error})")
     if recorder is not None and recorder.finished:  # the forward ran: modes has its run
         ctx.results.modes_train = recorder
     if graded is not None and observer is not None:
@@ -47,6 +52,38 @@ def run(ctx: Context) -> None:
     if result.internal:  # said as the inspector's failure, not as a finding on the model
         ctx.report.meta.warnings.append(f"gradients: {result.error}")
     _fill(ctx, section, result, graded, th)
+
+
+class _Replay:
+    """The per-node replay as the gradients' own backward: its forward runs the captured
+    fx graph, which calls the model's own modules and parameters, so its backward fills
+    the grads the eager backward would. Taken only when its loss is the eager forward's
+    (LossDiverged otherwise: the eager backward runs, then the replay as before)."""
+
+    def __init__(self, ctx: Context, observer: Observer | None) -> None:
+        self.ctx, self.observer = ctx, observer
+        self.graded: NodeGrads | None = None
+        self.error: Exception | None = None  # the replay raised: per-node grads skipped
+
+    def fills_grads(self) -> bool:
+        capture = self.ctx.capture
+        if capture is None or capture.method != "fx" or capture.graph_module is None:
+            return False  # an export graph holds copies and runs other kernels
+        own = {id(p) for p in self.ctx.model.parameters()}
+        return all(id(p) in own for p in capture.graph_module.parameters())
+
+    def backward(self, loss_value: float, leaves: frozenset[int]) -> bool:
+        try:
+            expect = ExpectedLoss(loss_value, leaves)
+            graded = node_grads(self.ctx, self.observer, expect)
+        except Exception as exc:  # noqa: BLE001 - the eager run says what went wrong
+            if not isinstance(exc, LossDiverged):
+                self.error = exc
+            if self.observer is not None:  # its values are another forward's
+                self.observer.reset()
+            return False
+        self.graded = graded if graded.backward_ran else None
+        return graded.backward_ran
 
 
 def _node_grads(ctx: Context, observer: Observer | None) -> NodeGrads | None:

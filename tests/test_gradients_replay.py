@@ -1,0 +1,68 @@
+"""The gradients pass runs one forward and backward fewer (issue #17): where the captured
+fx graph computes the eager forward's loss over the same parameters, its per-node replay
+is the backward that fills the parameters' grads; the eager forward still runs, under the
+recorders, and no eager backward does. Where the replay computes something else, the
+eager backward runs as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_rules import Two
+from torch import nn
+
+from inspector.health.adhoc import context_for
+from inspector.passes import gradients
+
+TESTS = str(Path(__file__).parent)
+
+
+class Counted(nn.Module):
+    """An MLP whose first layer counts the backward passes through it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(6, 5), nn.Linear(5, 3)
+        self.backwards = 0
+        self.a.register_full_backward_hook(self._count)
+
+    def _count(self, module: nn.Module, grad_in: object, grad_out: object) -> None:
+        self.backwards += 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)) + 1)
+
+
+def _default_loss(out: torch.Tensor) -> torch.Tensor:
+    r = torch.randn(out.shape, generator=torch.Generator().manual_seed(20_161))
+    return (out * r).mean()
+
+
+def test_one_backward_fills_the_param_grads_and_the_node_grads() -> None:
+    model, x = Counted(), torch.randn(4, 6)
+    ctx = context_for(model, (x,), user_files=[TESTS])
+    assert ctx.capture.method == "fx"
+    gradients.run(ctx)
+    assert model.backwards == 1  # two before: the eager backward, then the replay's
+    section = ctx.report.gradients
+    # the independent answer: torch.autograd on the eager model
+    params = dict(model.named_parameters())
+    out = model(x)
+    expected = torch.autograd.grad(_default_loss(out), list(params.values()))
+    for row, grad in zip(section.params, expected, strict=True):
+        assert row.grad_norm == pytest.approx(grad.norm().item(), rel=1e-6), row.name
+    assert section.loss_value == pytest.approx(_default_loss(out).item(), rel=1e-6)
+    norms = {n.name: n.grad_norm for n in ctx.report.nodes if n.grad_norm is not None}
+    assert norms  # the per-node grads came from the same backward
+    assert all(p.grad is None for p in model.parameters())  # the pass leaves no grads
+
+
+def test_a_no_grad_block_the_graph_does_not_keep_takes_the_eager_backward() -> None:
+    """fx drops `torch.no_grad()`: the replay would reach `a`, the eager loss does not."""
+    ctx = context_for(Two("nograd"), (torch.randn(3, 4),), user_files=[TESTS])
+    gradients.run(ctx)
+    verdicts = {r.name: r.verdict for r in ctx.report.gradients.params}
+    assert verdicts == {"a.weight": "cut", "a.bias": "cut", "b.weight": "ok", "b.bias": "ok"}

@@ -66,3 +66,17 @@ def test_a_no_grad_block_the_graph_does_not_keep_takes_the_eager_backward() -> N
     gradients.run(ctx)
     verdicts = {r.name: r.verdict for r in ctx.report.gradients.params}
     assert verdicts == {"a.weight": "cut", "a.bias": "cut", "b.weight": "ok", "b.bias": "ok"}
+
+
+def test_a_custom_backward_the_graph_does_not_keep_takes_the_eager_backward() -> None:
+    """fx records Amplify's forward (a view), not its backward (x 3000): same loss, same
+    leaves, but another autograd graph, so the eager backward gives the grads."""
+    from test_exploding_verdicts import AmplifiedBackward
+
+    model, x = AmplifiedBackward(3e3), torch.randn(4, 8)
+    ctx = context_for(model, (x,), user_files=[TESTS])
+    gradients.run(ctx)
+    params = dict(model.named_parameters())
+    expected = torch.autograd.grad(_default_loss(model(x)), list(params.values()))
+    for row, grad in zip(ctx.report.gradients.params, expected, strict=True):
+        assert row.grad_norm == pytest.approx(grad.norm().item(), rel=1e-6), row.name

@@ -25,7 +25,7 @@ from inspector.tracebacks import user_location as exc_location
 
 __all__ = [
     "GradStats", "BackwardRun", "InplaceError", "ForwardWatch", "OwnBackward", "backward_once",
-    "grad_stats", "reached_leaves",
+    "grad_stats", "AutogradGraph", "autograd_graph",
 ]  # fmt: skip
 
 
@@ -87,9 +87,9 @@ class ForwardWatch(Protocol):
 
 
 # A backward of another pass's own, in place of the eager one (the per-node replay): called
-# with the eager loss (its value, the leaves its graph reaches) once the eager graph is
-# released; True when it ran and filled the same parameters' grads.
-OwnBackward = Callable[[float, frozenset[int]], bool]
+# with the eager loss (its value, its autograd graph) once the eager graph is released;
+# True when it ran and filled the same parameters' grads.
+OwnBackward = Callable[[float, "AutogradGraph"], bool]
 
 
 def backward_once(
@@ -139,9 +139,9 @@ def backward_once(
         return run
     run.loss_value = float(loss.detach())
     if backward is not None:
-        leaves = reached_leaves(loss)
+        graph = autograd_graph(loss)
         del loss, output  # the eager graph goes before the other forward
-        if backward(run.loss_value, leaves):
+        if backward(run.loss_value, graph):
             run.backward_ran = True
             run.grads = _grad_stats(model)
             return run
@@ -162,9 +162,20 @@ def _grad_stats(model: torch.nn.Module) -> dict[str, GradStats]:
     return {n: grad_stats(p.grad) for n, p in model.named_parameters() if p.grad is not None}
 
 
-def reached_leaves(loss: torch.Tensor) -> frozenset[int]:
-    """Ids of the leaf tensors (parameters, inputs) the loss's autograd graph reaches."""
+@dataclass(frozen=True)
+class AutogradGraph:
+    """What a loss's backward will do: the leaves it fills (parameters, inputs: by id) and
+    how many nodes of each kind it runs. Two forwards whose losses have the same graph
+    give the same grads; a custom autograd.Function or a `torch.no_grad()` block that an
+    fx graph does not keep shows up as another count or other leaves."""
+
+    leaves: frozenset[int]
+    nodes: tuple[tuple[str, int], ...]  # (node type, count), sorted
+
+
+def autograd_graph(loss: torch.Tensor) -> AutogradGraph:
     found: set[int] = set()
+    kinds: dict[str, int] = {}
     seen: set[int] = set()
     stack = [loss.grad_fn] if loss.grad_fn is not None else []
     while stack:
@@ -172,11 +183,13 @@ def reached_leaves(loss: torch.Tensor) -> frozenset[int]:
         if id(fn) in seen:
             continue
         seen.add(id(fn))
+        kind = type(fn).__name__
+        kinds[kind] = kinds.get(kind, 0) + 1
         variable = getattr(fn, "variable", None)  # AccumulateGrad: a leaf's grad
         if variable is not None:
             found.add(id(variable))
         stack.extend(next_fn for next_fn, _ in fn.next_functions if next_fn is not None)
-    return frozenset(found)
+    return AutogradGraph(frozenset(found), tuple(sorted(kinds.items())))
 
 
 @contextmanager

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import torch
 
 from inspector.context import Context
-from inspector.health.backprop import grad_stats, reached_leaves
+from inspector.health.backprop import AutogradGraph, autograd_graph, grad_stats
 from inspector.health.outputs import flat_tensors, make_loss
 from inspector.health.state import seeded
 from inspector.health.values import NodeRef, OnValue, run_nodes
@@ -36,17 +36,17 @@ class NodeGrads:
 
 class LossDiverged(RuntimeError):
     """The replay's loss is not the one expected: it computed something else (a graph
-    captured in eval mode, random draws in another order), or reaches other parameters
-    (a `torch.no_grad()` block, which an fx graph does not keep), so its grads are not
-    the eager forward's."""
+    captured in eval mode, random draws in another order), or its backward would (a
+    `torch.no_grad()` block or a custom autograd.Function, which an fx graph does not
+    keep), so its grads are not the eager forward's."""
 
 
 @dataclass(frozen=True)
 class ExpectedLoss:
-    """What the eager forward's loss was: its value and the leaves its graph reaches."""
+    """What the eager forward's loss was: its value and its autograd graph."""
 
     value: float
-    leaves: frozenset[int]  # ids of the tensors whose grads its backward would fill
+    graph: AutogradGraph
 
 
 def _first_grad_tensor(value: Any) -> torch.Tensor | None:
@@ -57,7 +57,7 @@ def node_grads(
     ctx: Context, also: Observer | None = None, expect: ExpectedLoss | None = None
 ) -> NodeGrads:
     """`also` sees every node's value too (the numerics statistics, from this forward).
-    `expect`: the eager forward's loss, which this one must be, value and reached leaves,
+    `expect`: the eager forward's loss, which this one must be, value and autograd graph,
     before its backward runs (else LossDiverged)."""
     result = NodeGrads()
 
@@ -89,7 +89,7 @@ def _same_loss(loss: torch.Tensor | None, expected: ExpectedLoss) -> bool:
         return False
     # the same ops on the same values: equal but for float rounding in another order
     same = math.isclose(float(loss.detach()), expected.value, rel_tol=1e-6)
-    return same and reached_leaves(loss) == expected.leaves
+    return same and autograd_graph(loss) == expected.graph
 
 
 def _record(result: NodeGrads, name: str, grad: torch.Tensor) -> None:

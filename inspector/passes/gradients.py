@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from inspector.context import Context
 from inspector.detection import training_inputs
-from inspector.health.backprop import BackwardRun, backward_once
+from inspector.health.backprop import AutogradGraph, BackwardRun, backward_once
 from inspector.health.gradrows import layer_rows, module_grad_norms, param_rows
 from inspector.health.nodegrads import ExpectedLoss, LossDiverged, NodeGrads, node_grads
 from inspector.health.state import preserved
@@ -57,8 +57,10 @@ def run(ctx: Context) -> None:
 class _Replay:
     """The per-node replay as the gradients' own backward: its forward runs the captured
     fx graph, which calls the model's own modules and parameters, so its backward fills
-    the grads the eager backward would. Taken only when its loss is the eager forward's
-    (LossDiverged otherwise: the eager backward runs, then the replay as before)."""
+    the grads the eager backward would. Taken only when its loss is the eager forward's,
+    value and autograd graph (a custom autograd.Function or a `torch.no_grad()` block
+    that fx does not keep changes the graph): else the eager forward and backward run
+    again, then the replay, as before."""
 
     def __init__(self, ctx: Context, observer: Observer | None) -> None:
         self.ctx, self.observer = ctx, observer
@@ -72,9 +74,9 @@ class _Replay:
         own = {id(p) for p in self.ctx.model.parameters()}
         return all(id(p) in own for p in capture.graph_module.parameters())
 
-    def backward(self, loss_value: float, leaves: frozenset[int]) -> bool:
+    def backward(self, loss_value: float, graph: AutogradGraph) -> bool:
         try:
-            expect = ExpectedLoss(loss_value, leaves)
+            expect = ExpectedLoss(loss_value, graph)
             graded = node_grads(self.ctx, self.observer, expect)
         except Exception as exc:  # noqa: BLE001 - the eager run says what went wrong
             if not isinstance(exc, LossDiverged):

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options
-from inspector.passes import probe
+from inspector.passes import memory, probe
 from inspector.report import Report
 
 USER_FILE = __file__
@@ -18,12 +18,13 @@ USER_FILE = __file__
 
 class MakesParam(nn.Module):
     """Makes a parameter in forward (the `param-created-in-forward` finding) and counts
-    its forwards on real tensors; `branch`: decides a branch on a value first."""
+    its forwards on real tensors; `branch`: decides a branch on a value first. `width`:
+    wide, its arithmetic costs more than a fake step's Python; narrow, the other way."""
 
-    def __init__(self, branch: bool) -> None:
+    def __init__(self, branch: bool, width: int = 1024) -> None:
         super().__init__()
-        self.fc = nn.Linear(4, 4)
-        self.branch = branch
+        self.fc = nn.Sequential(*(nn.Linear(width, width) for _ in range(4)))
+        self.branch, self.width = branch, width
         self.real_calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -31,14 +32,17 @@ class MakesParam(nn.Module):
             self.real_calls += 1
         if self.branch and x.sum().item() > 1e9:
             return x
-        scale = nn.Parameter(torch.ones(4))  # MADE-HERE
+        scale = nn.Parameter(torch.ones(self.width))  # MADE-HERE
         return self.fc(x) * scale
 
 
-def _probed(model: nn.Module) -> Context:
+def _probed(model: nn.Module, batch: int = 512) -> Context:
+    """The memory pass (which times a fake and a real training step), then the probe."""
     loaded = LoadedModel(model, "python", "test_probe.py", user_files=[USER_FILE])
-    inputs = Inputs((torch.randn(2, 4),), {})
+    inputs = Inputs((torch.randn(batch, model.width),), {})
     ctx = Context(loaded, InputFactory(), inputs, Options(), Report())
+    memory.run(ctx)
+    model.real_calls = 0
     probe.run(ctx)
     return ctx
 
@@ -51,10 +55,22 @@ def _made_line() -> int:
 def test_the_probe_sees_a_real_models_forward_on_a_fake_copy() -> None:
     model = MakesParam(branch=False)
     ctx = _probed(model)
+    measured, fake = ctx.results.memory_measured, ctx.results.memory
+    assert fake.step_seconds < measured.step_seconds  # 4 x 1024^2 x 512: seconds of GEMMs
     assert model.real_calls == 0  # the forward ran, on fake tensors only
     [made] = ctx.results.created_in_forward
     assert made.what == "Parameter" and made.location == f"test_probe.py:{_made_line()}"
-    assert [name for name, _ in model.named_parameters()] == ["fc.weight", "fc.bias"]
+    # the user's model gained no parameter
+    expected = [f"fc.{i}.{kind}" for i in range(4) for kind in ("weight", "bias")]
+    assert [name for name, _ in model.named_parameters()] == expected
+
+
+def test_a_model_whose_fake_step_costs_more_is_probed_for_real() -> None:
+    model = MakesParam(branch=False, width=4)
+    ctx = _probed(model, batch=2)
+    assert ctx.results.memory.step_seconds > ctx.results.memory_measured.step_seconds
+    assert model.real_calls == 1
+    assert len(ctx.results.created_in_forward) == 1
 
 
 def test_a_forward_that_needs_a_value_is_probed_for_real() -> None:
@@ -83,6 +99,8 @@ def test_an_attention_softmax_is_probed_for_real_for_its_saturation() -> None:
     model = Scores()
     loaded = LoadedModel(model, "python", "test_probe.py", user_files=[USER_FILE])
     ctx = Context(loaded, InputFactory(), Inputs((torch.randn(2, 3, 4),), {}), Options(), Report())
+    assert probe._on_fake_copy(ctx) is None  # the copy finds the softmax: the real run
+    assert model.real_calls == 0
     probe.run(ctx)
     assert model.real_calls == 1
     [found] = ctx.results.attention_softmaxes

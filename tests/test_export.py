@@ -105,7 +105,7 @@ def test_export_levels_choose_the_targets() -> None:
     assert chosen["all"] == chosen["fast"][:1] + ["export-strict"] + chosen["fast"][1:] + ["onnx"]
 
 
-class _Batch(InputFactory):
+class BatchFactory(InputFactory):
     """x = [B, 8] with the named dim B."""
 
     def __init__(self, batch: int) -> None:
@@ -120,7 +120,7 @@ def _checked(model: torch.nn.Module, batch: int = 8, level: str = "fast") -> tup
     from inspector.rules.export import export_mismatch
 
     loaded = LoadedModel(model, "python", "export_models.py", user_files=[USER_FILE])
-    factory = _Batch(batch)
+    factory = BatchFactory(batch)
     ctx = Context(loaded, factory, factory.build(), Options(export=level), Report())
     export.run(ctx)
     return {t.target: t for t in ctx.report.export.targets}, list(export_mismatch(ctx, ctx.report))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_export import BatchFactory
 from torch import nn
 
 from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options
@@ -72,19 +73,8 @@ def test_export_pass_compares_three_targets_with_one_eager_run() -> None:
     assert model.training  # the pass leaves the model's mode as it found it
 
 
-class _Batch(InputFactory):
-    """x = [B, 8] with the named dim B."""
-
-    def __init__(self, batch: int) -> None:
-        super().__init__({"B": batch})
-
-    def build(self, dims: dict[str, int] | None = None, device: str = "cpu") -> Inputs:
-        b = (dims or {}).get("B", self.dims["B"])
-        return Inputs((torch.randn(b, 8),), {}, dims={"B": b})
-
-
 def _batched(model: nn.Module) -> Context:
-    factory = _Batch(6)
+    factory = BatchFactory(6)
     loaded = LoadedModel(model, "python", "test_export_reuse.py")
     return Context(loaded, factory, factory.build(), Options(), Report())
 

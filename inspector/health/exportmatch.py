@@ -72,14 +72,19 @@ class DynamicExport:
         self.ctx, self.others = ctx, others
         self._built: tuple[Any, Exception | None] | None = None
 
+    def axes(self) -> list[list[int]]:
+        """For each flattened input tensor, the axes the changed dims move."""
+        inputs = self.ctx.inputs
+        base = flat_tensors(tuple(inputs.args), dict(inputs.kwargs))
+        changed = [flat_tensors(tuple(i.args), dict(i.kwargs)) for _, i in self.others]
+        return moving_axes(base, changed)
+
     def module(self) -> Any:
         if self._built is None:
             ctx = self.ctx
             args, kwargs = tuple(ctx.inputs.args), dict(ctx.inputs.kwargs)
-            base = flat_tensors(args, kwargs)
-            changed = [flat_tensors(tuple(i.args), dict(i.kwargs)) for _, i in self.others]
             try:
-                gm = export_graph(ctx.model, args, kwargs, dynamic=moving_axes(base, changed))[1]
+                gm = export_graph(ctx.model, args, kwargs, dynamic=self.axes())[1]
                 self._built = (gm, None)
             except Exception as exc:  # noqa: BLE001 - said where the program is run
                 self._built = (None, exc)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from inspector.context import Context
-from inspector.graph.exportcapture import Flat, flat_tensors, moving_axes
+from inspector.graph.exportcapture import Flat, flat_tensors
 from inspector.health.exportmatch import (
     DynamicExport,
     EagerOutputs,
@@ -85,8 +85,7 @@ def _onnx(ctx: Context, dynamic: DynamicExport) -> Any:
     left dynamic (Dim.AUTO, as for torch.export), so onnxruntime can run it at other dims."""
     args, kwargs = tuple(ctx.inputs.args), dict(ctx.inputs.kwargs)
     tensors = flat_tensors(args, kwargs)
-    others = [flat_tensors(tuple(i.args), dict(i.kwargs)) for _, i in dynamic.others]
-    axes = moving_axes(tensors, others)
+    axes = dynamic.axes()
     auto = torch.export.Dim.AUTO
     shapes = {"tensors": tuple({a: auto for a in ax} for ax in axes)} if any(axes) else None
     # The exporter narrates its steps on stdout and logs warnings about optional packages;

@@ -15,12 +15,13 @@ import threading
 from pathlib import Path
 
 import pytest
-from hostile.server import HealthWatch, running_server, upload, wait_final
+from hostile.server import HealthWatch, running_server, upload, wait_all_final, wait_final
 
 from server.sandbox import sandbox_available
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.timeout(1200),  # the module's fixture runs every upload: see its deadline
     pytest.mark.skipif(not sandbox_available()[0], reason=sandbox_available()[1]),
 ]
 
@@ -101,9 +102,10 @@ def hostile_run(tmp_path_factory):
             response = upload(url, case.pop("model"), **case)
             slugs[name] = response.json().get("slug") if response.status_code == 201 else None
             results[name] = {"upload": response.status_code, "body": response.json()}
-        for name, slug in slugs.items():
-            if slug is not None:
-                results[name] = wait_final(url, slug, timeout_s=600)
+        # one deadline for all, inside the module's timeout, so a stuck job is named (40 s
+        # here; a CI machine once took over 600 s, and left no word of which job it was)
+        uploaded = {name: slug for name, slug in slugs.items() if slug is not None}
+        results.update(wait_all_final(url, uploaded, timeout_s=900))
         # After all of it, the worker still runs a plain job.
         after = upload(url, (HOSTILE / "net.py").read_bytes())
         results["after"] = wait_final(url, after.json()["slug"])

@@ -38,6 +38,7 @@ def running_server(data_dir: Path, **env: str) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc, log)
+        _LOGS[url] = log
         yield url
     finally:
         proc.terminate()
@@ -46,7 +47,21 @@ def running_server(data_dir: Path, **env: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        _LOGS.pop(url, None)
         log.close()
+
+
+_LOGS: dict = {}  # base URL -> its serve log, for a failure's message
+
+
+def serve_log_tail(url: str, chars: int = 6000) -> str:
+    """The end of the serve process's log (the worker's and its zygotes' lines)."""
+    log = _LOGS.get(url)
+    if log is None:
+        return "(no log)"
+    log.flush()
+    with open(log.name, "rb") as f:
+        return f.read().decode(errors="replace")[-chars:]
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, log) -> None:  # noqa: ANN001
@@ -81,13 +96,30 @@ def upload(
 
 
 def wait_final(url: str, slug: str, timeout_s: float = 240) -> dict:
+    return wait_all_final(url, {slug: slug}, timeout_s)[slug]
+
+
+def wait_all_final(url: str, slugs: dict[str, str], timeout_s: float) -> dict[str, dict]:
+    """{name: final body} for every report, under one deadline; past it, the failure names
+    each report still running with its status and stage, and ends with the serve log."""
+    bodies: dict[str, dict] = {}
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        body = httpx.get(f"{url}/api/v1/reports/{slug}", timeout=30).json()
-        if body["status"] in FINAL:
-            return body
-        time.sleep(0.25)
-    raise AssertionError(f"report {slug} did not finish in {timeout_s} s")
+    with httpx.Client(timeout=30) as client:  # one client: no TLS context per poll
+        while True:
+            for name, slug in slugs.items():
+                if name not in bodies or bodies[name].get("status") not in FINAL:
+                    bodies[name] = client.get(f"{url}/api/v1/reports/{slug}").json()
+            pending = {n: b for n, b in bodies.items() if b.get("status") not in FINAL}
+            if not pending:
+                return bodies
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.25)
+    lines = [f"{n}: {b.get('status')}, stage {b.get('stage')}" for n, b in pending.items()]
+    raise AssertionError(
+        f"{len(pending)} of {len(slugs)} reports did not finish in {timeout_s:g} s:\n"
+        + "\n".join(lines) + "\n--- serve log ---\n" + serve_log_tail(url)
+    )  # fmt: skip
 
 
 @dataclass

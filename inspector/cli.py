@@ -140,8 +140,8 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
         "--export",
         choices=EXPORT_LEVELS,
         default=DEFAULT_EXPORT,
-        help="export readiness: fast = torch.export non-strict and TorchScript (default); "
-        "all adds strict torch.export and ONNX (slower)",
+        help="export readiness: fast = torch.export non-strict (default); all adds strict "
+        "torch.export, TorchScript script and trace (deprecated by torch) and ONNX (slower)",
     )
     p.add_argument(
         "--compile",

@@ -426,3 +426,17 @@ def test_an_upload_with_the_forms_options_records_them(tmp_path, monkeypatch):
         assert r.status_code == 201, r.text
         options = env.job(r.json()["slug"]).options
     assert options == form | {"fake": True, "budgets_bytes": [24 * 1024**3], "serving": None}
+
+
+def test_export_table_says_where_the_other_targets_are(site):
+    from inspector.report import Export, ExportTarget
+
+    fast = small_report()
+    fast.export = Export(targets=[ExportTarget(target="export-nonstrict", ok=True)])
+    everything = small_report()
+    everything.export = Export(
+        targets=[ExportTarget(target=t, ok=True) for t in ("export-nonstrict", "export-strict")]
+    )
+    note = "TorchScript (deprecated by torch) and ONNX are tried with"
+    assert note in unescape(site[0].get(f"/r/{add(site, fast, name='fast')}").text)
+    assert note not in unescape(site[0].get(f"/r/{add(site, everything, name='all')}").text)

@@ -353,3 +353,12 @@ def test_markdown_graph_breaks_and_their_delta() -> None:
     # 3 breaks against 1: +2, +200.0%
     assert deltas["Graph breaks (torch.compile)"] == ["3", "1", "▲ +2 (+200.0%)"]
     assert "Graph breaks" not in render_markdown(make_report())  # not checked: no row
+
+
+def test_export_at_the_default_level_says_where_the_other_targets_are() -> None:
+    report = make_report()
+    assert "with --export all" not in render(report)  # strict ran: the level was all
+    report.export = Export(targets=[ExportTarget(target="export-nonstrict", ok=True)])
+    out = render(report)
+    assert "export-nonstrict" in out and "ok" in out
+    assert "strict export, TorchScript and ONNX: with --export all" in out

@@ -471,6 +471,9 @@ def _export(report: Report) -> Group | None:
             where = f" at {target.location}" if target.location else ""
             first = (target.error or "").strip().splitlines()[:1]
             lines.append((target.target, Text(f"fails{where}: {''.join(first)}", style="red")))
+    if lines and all(t.target != "export-strict" for t in report.export.targets):
+        note = "strict export, TorchScript and ONNX: with --export all"
+        lines.append(("others", Text(note, style="dim")))
     return _grid("Export readiness", lines)
 
 

@@ -169,7 +169,7 @@ def create_report(
     budget: str | None = Form(None, description="memory budgets, e.g. 24GiB,80GiB"),
     export: str = Form(
         DEFAULT_EXPORT,
-        description="export readiness: none, fast (export, TorchScript), all (+ONNX)",
+        description="export readiness: none, fast (torch.export), all (+strict, TorchScript, ONNX)",
     ),
     serving: str = Form(
         DEFAULT_SERVING, description="serving memory: auto (decoder LM presets/configs), on, off"

@@ -123,3 +123,31 @@ def test_the_checks_run_side_by_side_give_the_checks_run_one_by_one(
     assert len([a for a in alone.memory.advice if a.kind.startswith("checkpoint")]) >= 2
     assert side_by_side.memory.advice == alone.memory.advice == unet_report.memory.advice
     assert side_by_side.memory.setups == alone.memory.setups == unet_report.memory.setups
+
+
+def test_the_checks_fork_by_what_a_warm_rerun_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forking is decided by the last rerun's seconds (the batch-scaling run, warm), not
+    by the first step's, which paid the process's first fake dispatches."""
+    import inspector.memory.analysis as analysis
+    import inspector.passes.memory as memory_pass
+
+    seen: list[float] = []
+    reruns: list[float] = []
+    real_rerun = analysis.rerun
+
+    def timed_rerun(a, inputs, **changes):  # noqa: ANN001, ANN202
+        result = real_rerun(a, inputs, **changes)
+        reruns.append(a.rerun_seconds)
+        return result
+
+    def recorded(fn, items, seconds):  # noqa: ANN001, ANN202
+        seen.append(seconds)
+        return [fn(x) for x in items]
+
+    monkeypatch.setattr(analysis, "rerun", timed_rerun)  # batch scaling's, by batch_runs
+    monkeypatch.setattr(memory_pass, "fork_map_if_slow", recorded)
+    options = Options(passes={"graph", "memory", "findings"}, measure=False, isolate=False)
+    inspect_model(f"{HERE / 'test_gradient_verdicts.py'}:UNet", UNET_SPEC, options)
+    # batch scaling (twice the batch) is the one rerun before the checks: its seconds
+    assert len(seen) == 1 and len(reruns) == 1
+    assert seen[0] == reruns[0] > 0

@@ -42,7 +42,13 @@ class Analysis:
     warnings: list[str] = field(default_factory=list)
     # {seed: training-step peak} when a real copy's peak depends on its random draws
     peak_by_seed: dict[int, int] = field(default_factory=dict)
-    step_seconds: float = 0.0  # what the tracked training step took: what a rerun costs
+    step_seconds: float = 0.0  # what the tracked training step took, the first (cold) one
+    rerun_seconds: float | None = None  # the last `rerun`: what another one costs, warm
+
+    @property
+    def rerun_cost(self) -> float:
+        """Seconds a rerun is expected to take: the last one's, else the first step's."""
+        return self.step_seconds if self.rerun_seconds is None else self.rerun_seconds
 
 
 def step_options(ctx: Context) -> StepOptions:
@@ -132,7 +138,10 @@ def fb_peak(train: TrainResult) -> int:
 def rerun(a: Analysis, inputs: Inputs, **changes: Any) -> TrainResult:
     """The training step again (other inputs or dtype), optimizer state kept resident."""
     opts = replace(a.opts, resident_state_bytes=a.train.optimizer_bytes, **changes)
-    return train_step(a.model, inputs, opts)
+    start = time.perf_counter()
+    result = train_step(a.model, inputs, opts)
+    a.rerun_seconds = time.perf_counter() - start
+    return result
 
 
 def batch_runs(ctx: Context, a: Analysis) -> list[tuple[int, TrainResult, ForwardResult]]:

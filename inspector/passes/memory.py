@@ -215,7 +215,9 @@ def _check_checkpoints(
     runs: list[tuple[list[str], str]] = [([path], path) for path in firsts.values()]
     if len(savings) > 1:
         runs.append(([path for _, path, _ in savings], ""))
-    done = fork_map_if_slow(lambda run: _checked(a, *run), runs, a.step_seconds)
+    # the first step paid the cold start (first fake dispatches); a rerun is what each
+    # of these costs
+    done = fork_map_if_slow(lambda run: _checked(a, *run), runs, a.rerun_cost)
     ran = dict(zip(firsts, done, strict=False))
     checked = {path: ran[kind, predicted] for predicted, path, kind in savings[: advice.TOP]}
     every = done[-1] if len(savings) > 1 else None

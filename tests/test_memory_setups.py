@@ -135,3 +135,53 @@ def test_checkpoint_row_matches_a_checkpointed_transformer() -> None:
     assert row.saved_activation_bytes == done.saved_activation_bytes
     assert row.train_peak_bytes == pytest.approx(done.train_peak_bytes, rel=0.01)
     assert done.saved_activation_bytes < 0.1 * base.saved_activation_bytes
+
+
+def _stack(blocks: int) -> list[torch.Tensor]:
+    """A residual stack's parameters: the same four kinds over and over."""
+    layers = []
+    for _ in range(blocks):
+        layers += [nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 16)]
+    return list(nn.Sequential(*layers).parameters())
+
+
+def _mixed() -> list[torch.Tensor]:
+    """Three kinds in an order with no period, so the prefix is most of the list."""
+    sizes = [(64, 64), (8,), (64, 64), (64, 64), (8,), (3, 5), (8,), (8,), (3, 5), (64, 64)]
+    return [torch.zeros(*s, requires_grad=True) for s in sizes]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam", "adamw"])
+def test_a_step_over_the_neighbour_pairs_is_the_step_over_every_parameter(optimizer) -> None:
+    """The optimizer's one-by-one loop: the prefix holding every pair of neighbouring
+    parameter kinds gives the same temporaries as the whole list, and the state of the
+    rest added by kind gives the same state bytes (the full run is the reference)."""
+    from inspector.fakevalues import new_fake_mode
+    from inspector.memory.setups import _kind, _pairs_prefix, step_cost
+
+    stack = _stack(100)  # 600 parameters: the prefix is one block and one more weight
+    assert _pairs_prefix([_kind(p) for p in stack]) == 7
+    for params in (stack, _mixed()):
+        short = step_cost(optimizer, params, new_fake_mode())
+        full = step_cost(optimizer, params, new_fake_mode(), shorten=False)
+        assert short == full
+    # by hand: Adam keeps two copies of each parameter and a float32 step scalar
+    state = {"sgd": 0, "momentum": 4, "adam": 8, "adamw": 8}[optimizer]
+    scalars = 4 if optimizer.startswith("adam") else 0
+    assert full[0] == sum(state * p.numel() + scalars for p in params)
+
+
+def test_a_batched_step_runs_over_every_parameter(monkeypatch) -> None:
+    """foreach and fused steps allocate for all parameters at once: no prefix then."""
+    from inspector.fakevalues import new_fake_mode
+    from inspector.memory import setups as setups_module
+
+    shadowed: list[int] = []
+    real = setups_module._shadows
+    monkeypatch.setattr(setups_module, "_looped", lambda params: False)
+    monkeypatch.setattr(
+        setups_module, "_shadows", lambda params: shadowed.append(len(params)) or real(params)
+    )
+    params = _stack(10)
+    setups_module.step_cost("adamw", params, new_fake_mode())
+    assert sum(shadowed) == len(params) == 60

@@ -21,11 +21,11 @@ import torch
 
 from inspector.memory.optimizer import make_optimizer, state_bytes_of
 from inspector.memory.step import warm_up
-from inspector.memory.tracker import LiveTracker
+from inspector.memory.tracker import LiveTracker, storage_key
 from inspector.memory.warmup import without_inplace_arithmetic
 from inspector.report import SetupEstimate
 
-__all__ = ["Measured", "setups", "step_costs", "COMPARED_OPTIMIZERS"]
+__all__ = ["Measured", "setups", "step_costs", "step_cost", "COMPARED_OPTIMIZERS"]
 
 # The optimizers the set-ups table compares side by side (a subset of the schema's choices:
 # adam keeps the same state as adamw, none is not a training set-up).
@@ -108,27 +108,76 @@ def step_costs(
 ) -> dict[str, tuple[int, int]]:
     """Per optimizer: (state bytes, bytes its `step()` allocates on top), from one fake
     step over tensors shaped like `params` with gradients: no weights needed."""
-    out = {}
-    for name in names:
-        with fake_mode:
-            shadows = [
-                torch.nn.Parameter(torch.empty_like(p, device=p.device), requires_grad=True)
-                for p in params
-            ]
-            optimizer = make_optimizer(name, shadows)
-            if optimizer is None:
-                out[name] = (0, 0)
-                continue
-            warm_up(optimizer, shadows)
-            for p in shadows:
-                p.grad = torch.empty_like(p)
-            tracker = LiveTracker()
-            tracker.add_all(shadows, "static")
-            tracker.add_all([p.grad for p in shadows], "static")
-            for state in optimizer.state.values():
-                tracker.add_all(list(state.values()), "static")
-            resident = tracker.live
-            with tracker, without_inplace_arithmetic(shadows):
-                optimizer.step()
-            out[name] = (state_bytes_of(optimizer), tracker.peak - resident)
-    return out
+    return {name: step_cost(name, params, fake_mode) for name in names}
+
+
+def step_cost(
+    name: str, params: list[torch.Tensor], fake_mode: object, shorten: bool = True
+) -> tuple[int, int]:
+    """(state bytes, temporaries) of one `step()` of optimizer `name` over `params`.
+
+    torch's per-parameter loop (its choice for CPU tensors) updates one parameter at a
+    time: each iteration's temporaries live until the next iteration rebinds their names,
+    so the step's peak is set by a pair of neighbours, and each parameter's state depends
+    only on its shape and dtype. `shorten` runs the step over the shortest prefix of the
+    parameters that holds every pair of neighbours (a stack of 200 blocks: one block's
+    worth) and adds the state of the rest by their kind. Batched (foreach or fused)
+    steps, which allocate for all parameters at once, run over every parameter."""
+    kinds = [_kind(p) for p in params]
+    with fake_mode:
+        run = _shadows(params[: _pairs_prefix(kinds) if shorten else len(params)])
+        if len(run) < len(params) and not _looped(run):  # the prefix holds every kind
+            run += _shadows(params[len(run) :])
+        optimizer = make_optimizer(name, run)
+        if optimizer is None:
+            return 0, 0
+        warm_up(optimizer, run)
+        for p in run:
+            p.grad = torch.empty_like(p)
+        tracker = LiveTracker()
+        tracker.add_all(run, "static")
+        tracker.add_all([p.grad for p in run], "static")
+        for state in optimizer.state.values():
+            tracker.add_all(list(state.values()), "static")
+        resident = tracker.live
+        with tracker, without_inplace_arithmetic(run):
+            optimizer.step()
+        state_of_kind = {kinds[i]: _state_bytes(optimizer, p) for i, p in enumerate(run)}
+        rest = sum(state_of_kind[kind] for kind in kinds[len(run) :])
+        return state_bytes_of(optimizer) + rest, tracker.peak - resident
+
+
+def _shadows(params: list[torch.Tensor]) -> list[torch.nn.Parameter]:
+    return [
+        torch.nn.Parameter(torch.empty_like(p, device=p.device), requires_grad=True) for p in params
+    ]
+
+
+def _kind(p: torch.Tensor) -> tuple:
+    return (tuple(p.shape), p.stride(), p.dtype, p.device)
+
+
+def _pairs_prefix(kinds: list[tuple]) -> int:
+    """Length of the shortest prefix holding every pair of neighbours in `kinds`."""
+    pairs = set(zip(kinds, kinds[1:], strict=False))
+    seen: set[tuple] = set()
+    for i in range(1, len(kinds)):
+        seen.add((kinds[i - 1], kinds[i]))
+        if len(seen) == len(pairs):
+            return i + 1
+    return len(kinds)
+
+
+def _looped(params: list[torch.Tensor]) -> bool:
+    """Whether torch steps these parameters one by one (neither foreach nor fused)."""
+    try:
+        from torch.optim.optimizer import _default_to_fused_or_foreach
+    except ImportError:  # a torch that decides otherwise: run every parameter
+        return False
+    return not any(_default_to_fused_or_foreach(params, differentiable=False, use_fused=False))
+
+
+def _state_bytes(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> int:
+    """The bytes of one parameter's state (each storage once)."""
+    tensors = [t for t in optimizer.state.get(p, {}).values() if isinstance(t, torch.Tensor)]
+    return sum({storage_key(t): t.untyped_storage().nbytes() for t in tensors}.values())

@@ -3,8 +3,9 @@ that the stages before it take.
 
 The expected seconds come from the stage timings of recent reports (`meta.timings_s`,
 learned by the worker: server/stagetimes.py) or, without any, from this table: one
-default report of ResNet-18 at batch 8 on the 2-core development machine (issue #17),
-where the passes that run the model for real dominate. Torch-free.
+default report of ResNet-18 at batch 8 on the 2-core development machine (issue #17,
+`bench/pipeline.py --only resnet18` at stop 30), where the passes that run the model for
+real dominate. Torch-free.
 """
 
 from __future__ import annotations
@@ -15,17 +16,17 @@ __all__ = ["DEFAULT_STAGE_SECONDS", "StagePlan"]
 
 DEFAULT_STAGE_SECONDS: dict[str, float] = {
     "import": 1.5,  # a fresh job child's `import torch` and pipeline; ~0 when forked warm
-    "load": 1.7,
-    "capture": 2.6,
+    "load": 0.5,
+    "capture": 0.5,
     "graph": 0.2,
-    "memory": 8.6,
-    "gradients": 8.1,
-    "numerics": 9.8,
-    "modes": 14.9,
-    "export": 6.9,
+    "memory": 4.8,
+    "gradients": 3.0,  # its replay is numerics' forward too
+    "numerics": 0.1,  # its own forward only where the gradients' replay could not serve
+    "modes": 1.2,
+    "export": 1.6,  # non-strict torch.export; `--export all` learns its own from reports
     "serving": 0.5,
-    "probe": 0.5,  # one instrumented forward and the loss
-    "compile": 3.0,  # one Dynamo trace with an eager backend (issue #18's bench: ~5% of a run)
+    "probe": 0.2,  # one instrumented forward and the loss (on a fake copy where cheaper)
+    "compile": 1.9,  # one Dynamo trace with an eager backend
     "distributed": 0.0,  # only with --parallel plans: learned from reports that had them
     "fitplan": 0.0,  # only with --fit: learned from reports that had it
     "findings": 0.1,

@@ -30,10 +30,10 @@ def test_a_stage_starts_at_the_share_of_the_stages_before_it():
     assert [plan.percent(s) for s in ("load", "capture", "memory", "export", "done")] == [
         0, 10, 20, 80, 100,
     ]  # fmt: skip
-    table = StagePlan(["load", "capture", "graph"])  # the documented table: 1.7, 2.6, 0.2 s
-    assert table.percent("capture") == round(100 * 1.7 / (1.7 + 2.6 + 0.2))  # 38
+    table = StagePlan(["load", "capture", "graph"])  # the documented table: 0.5, 0.5, 0.2 s
+    assert table.percent("capture") == round(100 * 0.5 / (0.5 + 0.5 + 0.2))  # 42
     odd = StagePlan(["load", "capture"], {"load": -5, "capture": "x", "other": 3})
-    assert odd.percent("capture") == round(100 * 1.7 / (1.7 + 2.6))  # bad values: the table's
+    assert odd.percent("capture") == 50  # bad values: the table's, 0.5 s each
 
 
 def test_the_job_gives_the_import_its_share_first(tmp_path):

@@ -54,6 +54,7 @@ def _write(path: Path, value: str) -> bool:
 class JobCgroup:
     dirs: list[Path] = field(default_factory=list)  # one per hierarchy (v1) or one (v2)
     memory_dir: Path | None = None
+    pids_dir: Path | None = None
     version: int = 1
 
     @property
@@ -76,7 +77,7 @@ class JobCgroup:
                 continue
             group = cls(version=2)
             if group._make(parent / name, {"pids.max": max_procs, "memory.max": memory_bytes}):
-                group.memory_dir = parent / name
+                group.memory_dir = group.pids_dir = parent / name
                 return group
             group.remove()
         return None
@@ -99,6 +100,8 @@ class JobCgroup:
                     return None
                 if controller == "memory":
                     group.memory_dir = path
+                elif controller == "pids":
+                    group.pids_dir = path
         return group if group.dirs else None
 
     def _make(self, path: Path, files: dict[str, int]) -> bool:
@@ -117,6 +120,16 @@ class JobCgroup:
         for line in _read(events).splitlines():
             key, _, value = line.partition(" ")
             if key == "oom_kill" and value.strip() not in ("", "0"):
+                return True
+        return False
+
+    def refused_forks(self) -> bool:
+        """Did the group's process limit (`pids.max`) refuse a fork or a thread?"""
+        if self.pids_dir is None:
+            return False
+        for line in _read(self.pids_dir / "pids.events").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "max" and value.strip() not in ("", "0"):
                 return True
         return False
 

@@ -215,6 +215,12 @@ def name_ending(rc: int, breach, cgroup, limits: Limits) -> Outcome:  # noqa: AN
     if breach is not None:
         return Outcome(breach[0], breach[1], exit_code=rc)
     if cgroup is not None and cgroup.oom_killed():
+        if cgroup.refused_forks():  # a fork bomb at the process limit, then out of memory
+            reason = (
+                f"started more than {limits.max_procs} processes (the process limit refused "
+                "its forks, then it ran out of memory)"
+            )
+            return Outcome("killed", reason, exit_code=rc, signal="SIGKILL")
         reason = f"the kernel ended it at the memory limit of {_gib(limits.memory_bytes)}"
         return Outcome("out_of_memory", reason, exit_code=rc, signal="SIGKILL")
     if rc == 0:

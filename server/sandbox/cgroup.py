@@ -117,21 +117,11 @@ class JobCgroup:
         if self.memory_dir is None:
             return False
         events = self.memory_dir / ("memory.events" if self.version == 2 else "memory.oom_control")
-        for line in _read(events).splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill" and value.strip() not in ("", "0"):
-                return True
-        return False
+        return _counted(events, "oom_kill")
 
     def refused_forks(self) -> bool:
         """Did the group's process limit (`pids.max`) refuse a fork or a thread?"""
-        if self.pids_dir is None:
-            return False
-        for line in _read(self.pids_dir / "pids.events").splitlines():
-            key, _, value = line.partition(" ")
-            if key == "max" and value.strip() not in ("", "0"):
-                return True
-        return False
+        return self.pids_dir is not None and _counted(self.pids_dir / "pids.events", "max")
 
     def kill(self) -> None:
         for path in self.dirs:
@@ -154,6 +144,15 @@ class JobCgroup:
                     self.kill()
                     time.sleep(0.02)
         self.dirs = []
+
+
+def _counted(events: Path, name: str) -> bool:
+    """Whether the "name count" lines of a cgroup events file count `name` at least once."""
+    for line in _read(events).splitlines():
+        key, _, value = line.partition(" ")
+        if key == name and value.strip() not in ("", "0"):
+            return True
+    return False
 
 
 def _read(path: Path) -> str:

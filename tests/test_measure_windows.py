@@ -45,3 +45,26 @@ def test_token_ids_that_the_embedding_saves_are_counted() -> None:
     got = measure(model, Inputs((ids,), {}), StepOptions())
     # the embedding saves the ids for its backward, Linear its input
     assert got.saved_activation_bytes == 8 * 512 * I64 + 8 * 512 * 64 * F32
+
+
+def test_recording_allocations_only_measures_what_the_full_profile_does(monkeypatch) -> None:
+    """The meter records allocations and its own windows, not an event per op; the
+    public profiler, which records everything (the fallback where torch's private
+    entry points differ), measures the same bytes. Both are checked against hand sums."""
+    from inspector.memory import measure as measure_module
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 8))
+    inputs = Inputs((torch.randn(32, 256),), {})
+    assert measure_module._private_profiler() is not None  # this torch: the short path
+    short = measure(model, inputs, StepOptions(optimizer="sgd"))
+    monkeypatch.setattr(measure_module, "_private_profiler", lambda: None)
+    full = measure(model, inputs, StepOptions(optimizer="sgd"))
+    assert (short.train_peak_bytes, short.forward_peak_bytes) == (
+        full.train_peak_bytes,
+        full.forward_peak_bytes,
+    )
+    # the input, and ReLU's output (saved by ReLU and the second Linear: one tensor)
+    assert (
+        short.saved_activation_bytes == full.saved_activation_bytes == (32 * 256 + 32 * 128) * F32
+    )

@@ -19,7 +19,7 @@ layer's input, token ids) are added by storage, seen by a saved-tensors hook.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -196,23 +196,18 @@ class _ProfilerMeter(_Meter):
 
     @contextmanager
     def recording(self) -> Iterator[None]:
-        from torch.profiler import ProfilerActivity, profile
-
         # kineto prints USDT lines straight to fd 2 at start and stop
-        with (
-            native_noise_filtered(),
-            profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
-        ):
+        with native_noise_filtered(), _allocations_recorded() as events:
             yield
-        self._collect(prof)
+        self._collect(events())
 
     def window(self, name: str):  # noqa: ANN201
         return torch.profiler.record_function(f"inspector.{name}")
 
-    def _collect(self, prof: Any) -> None:
+    def _collect(self, roots: list[Any]) -> None:
         from torch._C._profiler import _EventType
 
-        stack = list(prof.profiler.kineto_results.experimental_event_tree())
+        stack = list(roots)
         while stack:
             event = stack.pop()
             stack.extend(event.children)
@@ -240,6 +235,56 @@ class _ProfilerMeter(_Meter):
     def net(self, name: str) -> int:
         before, inside = self._running(name)
         return (inside[-1] if inside else before) - before
+
+
+@contextmanager
+def _allocations_recorded() -> Iterator[Callable[[], list[Any]]]:
+    """torch.profiler's CPU recording with memory events, keeping the allocations and our
+    `record_function` windows (the user scope) only: not an event per op, which on a
+    1,000-layer model made stopping the profiler and reading its events take seconds
+    longer than the step itself. Where torch's private entry points differ, the public
+    profiler records everything, as before."""
+    private = _private_profiler()
+    if private is None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+            yield lambda: list(prof.profiler.kineto_results.experimental_event_tree())
+        return
+    config, activities, scopes, enable, prepare, disable = private
+    prepare(config, activities)
+    enable(config, activities, scopes)
+    result = None
+    try:
+        yield lambda: list(result.experimental_event_tree())
+    finally:
+        result = disable()
+
+
+def _private_profiler() -> tuple[Any, ...] | None:
+    """(config, activities, scopes, enable, prepare, disable), or None where this torch
+    spells them otherwise."""
+    try:
+        from torch._C._profiler import (
+            ProfilerActivity,
+            ProfilerConfig,
+            ProfilerState,
+            RecordScope,
+            _ExperimentalConfig,
+        )
+        from torch.autograd import _disable_profiler, _enable_profiler, _prepare_profiler
+
+        args = (ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig())
+        try:
+            config = ProfilerConfig(*args, "")  # torch >= 2.6: a trace id
+        except TypeError:
+            config = ProfilerConfig(*args)
+    except (ImportError, AttributeError, TypeError):
+        return None
+    scopes = {RecordScope.USER_SCOPE}
+    return (
+        config, {ProfilerActivity.CPU}, scopes, _enable_profiler, _prepare_profiler,
+        _disable_profiler,
+    )  # fmt: skip
 
 
 class _CudaMeter(_Meter):

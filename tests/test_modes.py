@@ -168,3 +168,35 @@ def test_the_gradients_forward_is_the_train_run_modes_compares() -> None:
     kept = context_for(model, (x,), options=Options(passes={"gradients", "modes"}))
     gradients.run(kept)
     assert kept.results.modes_train is None
+
+
+def _widened_max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The definition: every value widened to float64, NaN as 0, Inf as float64's max."""
+    return (a.double() - b.double()).abs().nan_to_num(0.0).max().item()
+
+
+def test_the_float32_max_difference_is_the_float64_one_bit_for_bit() -> None:
+    """modes compares float32 nodes in float32 and widens only the near-largest
+    differences: the answer must be the widened one exactly, where float32 rounds."""
+    from inspector.passes.modes import _max_diff
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(4096, generator=g)
+    cases = [
+        (base, base.clone()),  # equal: 0.0
+        (base, base + 1e-7 * torch.randn(4096, generator=g)),  # BatchNorm-small differences
+        (base * 1e6, base * 1e6 + torch.randn(4096, generator=g)),  # rounding in float32
+        (base, base * 3.0 - 1e-3),  # large differences, each rounded in float32
+        (torch.full((8,), 1e30), torch.full((8,), -1e-30)),  # exponents 200 bits apart
+        (torch.full((8,), 1e-40), torch.zeros(8)),  # a subnormal difference
+        (torch.tensor([1.0, float("nan"), 2.0]), torch.tensor([0.5, 0.0, 2.0])),  # NaN as 0
+        (torch.tensor([1.0, float("inf")]), torch.tensor([0.5, 0.0])),  # Inf as the max
+        (torch.tensor([3e38, 1.0]), torch.tensor([-3e38, 1.0])),  # overflows in float32
+    ]
+    for a, b in cases:
+        assert _max_diff(a, b) == _widened_max_diff(a, b)
+    # two elements whose float32 differences tie but whose exact ones do not
+    a = torch.tensor([16777216.0, 16777218.0])  # 2**24 and 2**24 + 2
+    b = torch.tensor([-1.0, 1.0])  # exact: 2**24 + 1 (rounds to 2**24 in float32), 2**24 + 1
+    assert _max_diff(a, b) == _widened_max_diff(a, b) == 16777217.0
+    assert _max_diff(base, base.double()) == _widened_max_diff(base, base.double())  # mixed

@@ -80,3 +80,57 @@ def test_a_custom_backward_the_graph_does_not_keep_takes_the_eager_backward() ->
     expected = torch.autograd.grad(_default_loss(model(x)), list(params.values()))
     for row, grad in zip(ctx.report.gradients.params, expected, strict=True):
         assert row.grad_norm == pytest.approx(grad.norm().item(), rel=1e-6), row.name
+
+
+GPT2_FORWARDS: list[int] = []
+
+
+def tiny_gpt2() -> nn.Module:
+    """transformers' GPT-2 from a tiny config that counts its eager forwards."""
+    import transformers as tf
+
+    no_dropout = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # the same values
+    config = tf.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=256, n_positions=64, **no_dropout
+    )
+    torch.manual_seed(0)  # the same weights in the report and in the test
+    model = tf.GPT2LMHeadModel(config)
+    # the report loads this file as a module of its own: count in pytest's one
+    import test_gradients_replay as counted
+
+    model.register_forward_hook(lambda *_: counted.GPT2_FORWARDS.append(1))
+    return model
+
+
+def test_gpt2s_cache_outputs_of_the_graph_stay_out_of_the_replays_loss(tmp_path: Path) -> None:
+    """transformers' GPT-2 returns its key/value cache in a DynamicCache, which the loss
+    does not look into; its fx graph returns those tensors after the logits. The replay's
+    loss is formed from the logits only, as eager's is, and its backward is the pass's:
+    the eager forward and backward do not run again."""
+    from inspector.analyze import inspect_model
+    from inspector.context import Options
+
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    torch.save({"input_ids": ids}, tmp_path / "ids.pt")
+    inputs = str(tmp_path / "ids.pt")
+    GPT2_FORWARDS.clear()  # what loading, capture and the graph pass run
+    inspect_model(f"{__file__}:tiny_gpt2", inputs, Options(passes={"graph"}, isolate=False))
+    before = len(GPT2_FORWARDS)
+    GPT2_FORWARDS.clear()
+    options = Options(passes={"graph", "gradients", "numerics"}, isolate=False)
+    report = inspect_model(f"{__file__}:tiny_gpt2", inputs, options)
+    assert report.capture.method == "fx"
+    # one eager forward, under the recorders; 2 before: it ran again, with its backward
+    assert len(GPT2_FORWARDS) - before == 1
+    section = report.gradients
+    # the independent answer: torch.autograd on the same model's eager logits alone
+    model = tiny_gpt2()
+    logits = model(input_ids=ids).logits
+    assert section.loss_value == pytest.approx(_default_loss(logits).item(), rel=1e-6)
+    params = dict(model.named_parameters())
+    expected = torch.autograd.grad(_default_loss(logits), list(params.values()))
+    rows = {row.name: row.grad_norm for row in section.params}
+    for (name, _), grad in zip(params.items(), expected, strict=True):
+        assert rows[name] == pytest.approx(grad.norm().item(), rel=1e-5), name
+    assert all(node.stats is not None for node in report.nodes if node.op == "call_module")
+    assert not report.meta.warnings

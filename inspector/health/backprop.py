@@ -16,7 +16,7 @@ import torch
 
 from inspector.context import Context
 from inspector.health.locate import is_user_file
-from inspector.health.outputs import float_outputs, make_loss
+from inspector.health.outputs import LossOutput, float_outputs, loss_outputs, make_loss
 from inspector.health.recorder import CutPoint, ForwardRecorder, InplaceOp, recording
 from inspector.health.scalefree import feeding_normalisation
 from inspector.health.state import seeded
@@ -89,7 +89,9 @@ class ForwardWatch(Protocol):
 # A backward of another pass's own, in place of the eager one (the per-node replay): called
 # with the eager loss (its value, its autograd graph) once the eager graph is released;
 # True when it ran and filled the same parameters' grads.
-OwnBackward = Callable[[float, "AutogradGraph"], bool]
+# (the loss value, its autograd graph, the outputs the default loss was formed from: None
+# under the user's loss_fn) -> whether it ran the backward
+OwnBackward = Callable[[float, "AutogradGraph", "tuple[LossOutput, ...] | None"], bool]
 
 
 def backward_once(
@@ -140,8 +142,9 @@ def backward_once(
     run.loss_value = float(loss.detach())
     if backward is not None:
         graph = autograd_graph(loss)
+        formed = None if ctx.loaded.loss_fn is not None else loss_outputs(output)
         del loss, output  # the eager graph goes before the other forward
-        if backward(run.loss_value, graph):
+        if backward(run.loss_value, graph, formed):
             run.backward_ran = True
             run.grads = _grad_stats(model)
             return run

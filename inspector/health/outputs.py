@@ -9,7 +9,9 @@ import torch
 
 from inspector.context import Inputs
 
-__all__ = ["flat_tensors", "float_outputs", "make_loss", "DEFAULT_LOSS"]
+__all__ = [
+    "flat_tensors", "float_outputs", "make_loss", "loss_outputs", "LossOutput", "DEFAULT_LOSS",
+]  # fmt: skip
 
 DEFAULT_LOSS = (
     "sum over the floating outputs of mean(output * r), r a fixed random tensor (default: a "
@@ -36,6 +38,17 @@ def flat_tensors(value: Any, label: str = "output") -> Iterator[tuple[str, torch
 
 def float_outputs(output: Any) -> list[tuple[str, torch.Tensor]]:
     return [(k, t) for k, t in flat_tensors(output) if t.is_floating_point() or t.is_complex()]
+
+
+# (label, shape, dtype) of an output the default loss is formed from
+LossOutput = tuple[str, tuple[int, ...], torch.dtype]
+
+
+def loss_outputs(output: Any) -> tuple[LossOutput, ...]:
+    """The outputs the default loss is formed from, in its order."""
+    return tuple(
+        (label, tuple(t.shape), t.dtype) for label, t in float_outputs(output) if t.numel()
+    )
 
 
 def make_loss(

@@ -12,6 +12,7 @@ from inspector.detection import training_inputs
 from inspector.health.backprop import AutogradGraph, BackwardRun, backward_once
 from inspector.health.gradrows import layer_rows, module_grad_norms, param_rows
 from inspector.health.nodegrads import ExpectedLoss, LossDiverged, NodeGrads, node_grads
+from inspector.health.outputs import LossOutput
 from inspector.health.state import preserved
 from inspector.health.thresholds import GRADIENT_KEYS, resolve
 from inspector.passes.modes import TrainRecorder, shares_train_forward
@@ -74,9 +75,11 @@ class _Replay:
         own = {id(p) for p in self.ctx.model.parameters()}
         return all(id(p) in own for p in capture.graph_module.parameters())
 
-    def backward(self, loss_value: float, graph: AutogradGraph) -> bool:
+    def backward(
+        self, loss_value: float, graph: AutogradGraph, formed: tuple[LossOutput, ...] | None
+    ) -> bool:
         try:
-            expect = ExpectedLoss(loss_value, graph)
+            expect = ExpectedLoss(loss_value, graph, formed)
             graded = node_grads(self.ctx, self.observer, expect)
         except Exception as exc:  # noqa: BLE001 - the eager run says what went wrong
             if not isinstance(exc, LossDiverged):

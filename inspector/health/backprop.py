@@ -87,10 +87,9 @@ class ForwardWatch(Protocol):
 
 
 # A backward of another pass's own, in place of the eager one (the per-node replay): called
-# with the eager loss (its value, its autograd graph) once the eager graph is released;
-# True when it ran and filled the same parameters' grads.
-# (the loss value, its autograd graph, the outputs the default loss was formed from: None
-# under the user's loss_fn) -> whether it ran the backward
+# with the eager loss (its value, its autograd graph, the outputs the default loss was
+# formed from: None under the user's loss_fn) once the eager graph is released; True when
+# it ran and filled the same parameters' grads.
 OwnBackward = Callable[[float, "AutogradGraph", "tuple[LossOutput, ...] | None"], bool]
 
 

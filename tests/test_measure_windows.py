@@ -56,9 +56,9 @@ def test_recording_allocations_only_measures_what_the_full_profile_does(monkeypa
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 8))
     inputs = Inputs((torch.randn(32, 256),), {})
-    assert measure_module._private_profiler() is not None  # this torch: the short path
+    assert measure_module._user_scope_config() is not None  # this torch: the short path
     short = measure(model, inputs, StepOptions(optimizer="sgd"))
-    monkeypatch.setattr(measure_module, "_private_profiler", lambda: None)
+    monkeypatch.setattr(measure_module, "_user_scope_config", lambda: None)
     full = measure(model, inputs, StepOptions(optimizer="sgd"))
     assert (short.train_peak_bytes, short.forward_peak_bytes) == (
         full.train_peak_bytes,

@@ -244,47 +244,48 @@ def _allocations_recorded() -> Iterator[Callable[[], list[Any]]]:
     1,000-layer model made stopping the profiler and reading its events take seconds
     longer than the step itself. Where torch's private entry points differ, the public
     profiler records everything, as before."""
-    private = _private_profiler()
-    if private is None:
+    config = _user_scope_config()
+    if config is None:
         activities = [torch.profiler.ProfilerActivity.CPU]
         with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
             yield lambda: list(prof.profiler.kineto_results.experimental_event_tree())
         return
-    config, activities, scopes, enable, prepare, disable = private
-    prepare(config, activities)
-    enable(config, activities, scopes)
+    from torch._C._profiler import ProfilerActivity, RecordScope
+    from torch.autograd import _disable_profiler, _enable_profiler, _prepare_profiler
+
+    activities = {ProfilerActivity.CPU}
+    _prepare_profiler(config, activities)
+    _enable_profiler(config, activities, {RecordScope.USER_SCOPE})
     result = None
     try:
         yield lambda: list(result.experimental_event_tree())
     finally:
-        result = disable()
+        result = _disable_profiler()
 
 
-def _private_profiler() -> tuple[Any, ...] | None:
-    """(config, activities, scopes, enable, prepare, disable), or None where this torch
-    spells them otherwise."""
+def _user_scope_config() -> Any:
+    """The profiler's config for memory events, or None where this torch spells its
+    private entry points otherwise."""
     try:
         from torch._C._profiler import (
-            ProfilerActivity,
             ProfilerConfig,
             ProfilerState,
-            RecordScope,
+            RecordScope,  # noqa: F401 - what the recording asks for
             _ExperimentalConfig,
         )
-        from torch.autograd import _disable_profiler, _enable_profiler, _prepare_profiler
+        from torch.autograd import (  # noqa: F401 - what the recording calls
+            _disable_profiler,
+            _enable_profiler,
+            _prepare_profiler,
+        )
 
         args = (ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig())
         try:
-            config = ProfilerConfig(*args, "")  # torch >= 2.6: a trace id
+            return ProfilerConfig(*args, "")  # torch >= 2.6: a trace id
         except TypeError:
-            config = ProfilerConfig(*args)
+            return ProfilerConfig(*args)
     except (ImportError, AttributeError, TypeError):
         return None
-    scopes = {RecordScope.USER_SCOPE}
-    return (
-        config, {ProfilerActivity.CPU}, scopes, _enable_profiler, _prepare_profiler,
-        _disable_profiler,
-    )  # fmt: skip
 
 
 class _CudaMeter(_Meter):

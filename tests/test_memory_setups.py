@@ -157,10 +157,11 @@ def test_a_step_over_the_neighbour_pairs_is_the_step_over_every_parameter(optimi
     parameter kinds gives the same temporaries as the whole list, and the state of the
     rest added by kind gives the same state bytes (the full run is the reference)."""
     from inspector.fakevalues import new_fake_mode
-    from inspector.memory.setups import _kind, _pairs_prefix, step_cost
+    from inspector.memory.kinds import kind, pairs_prefix
+    from inspector.memory.setups import step_cost
 
     stack = _stack(100)  # 600 parameters: the prefix is one block and one more weight
-    assert _pairs_prefix([_kind(p) for p in stack]) == 7
+    assert pairs_prefix([kind(p) for p in stack]) == 7
     for params in (stack, _mixed()):
         short = step_cost(optimizer, params, new_fake_mode())
         full = step_cost(optimizer, params, new_fake_mode(), shorten=False)
@@ -178,7 +179,7 @@ def test_a_batched_step_runs_over_every_parameter(monkeypatch) -> None:
 
     shadowed: list[int] = []
     real = setups_module._shadows
-    monkeypatch.setattr(setups_module, "_looped", lambda params: False)
+    monkeypatch.setattr(setups_module, "looped", lambda params: False)
     monkeypatch.setattr(
         setups_module, "_shadows", lambda params: shadowed.append(len(params)) or real(params)
     )

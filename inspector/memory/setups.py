@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from inspector.memory.kinds import kind, looped, pairs_prefix, state_bytes
 from inspector.memory.optimizer import make_optimizer, state_bytes_of
 from inspector.memory.step import warm_up
-from inspector.memory.tracker import LiveTracker, storage_key
+from inspector.memory.tracker import LiveTracker
 from inspector.memory.warmup import without_inplace_arithmetic
 from inspector.report import SetupEstimate
 
@@ -116,22 +117,17 @@ def step_cost(
 ) -> tuple[int, int]:
     """(state bytes, temporaries) of one `step()` of optimizer `name` over `params`.
 
-    torch's per-parameter loop (its choice for CPU tensors) updates one parameter at a
-    time: each iteration's temporaries live until the next iteration rebinds their names,
-    so the step's peak is set by a pair of neighbours, and each parameter's state depends
-    only on its shape and dtype. `shorten` runs the step over the shortest prefix of the
-    parameters that holds every pair of neighbours (a stack of 200 blocks: one block's
-    worth) and adds the state of the rest by their kind. Batched (foreach or fused)
-    steps, which allocate for all parameters at once, run over every parameter."""
-    kinds = [_kind(p) for p in params]
+    `shorten`: the step runs over the parameters that decide its bytes and the state of
+    the rest is added by kind (inspector/memory/kinds.py)."""
+    kinds = [kind(p) for p in params]
     with fake_mode:
-        run = _shadows(params[: _pairs_prefix(kinds) if shorten else len(params)])
-        if len(run) < len(params) and not _looped(run):  # the prefix holds every kind
+        run = _shadows(params[: pairs_prefix(kinds) if shorten else len(params)])
+        if len(run) < len(params) and not looped(run):  # the prefix holds every kind
             run += _shadows(params[len(run) :])
         optimizer = make_optimizer(name, run)
         if optimizer is None:
             return 0, 0
-        warm_up(optimizer, run)
+        warm_up(optimizer, run, shorten=shorten)
         for p in run:
             p.grad = torch.empty_like(p)
         tracker = LiveTracker()
@@ -142,8 +138,8 @@ def step_cost(
         resident = tracker.live
         with tracker, without_inplace_arithmetic(run):
             optimizer.step()
-        state_of_kind = {kinds[i]: _state_bytes(optimizer, p) for i, p in enumerate(run)}
-        rest = sum(state_of_kind[kind] for kind in kinds[len(run) :])
+        state_of_kind = {kinds[i]: state_bytes(optimizer, p) for i, p in enumerate(run)}
+        rest = sum(state_of_kind[k] for k in kinds[len(run) :])
         return state_bytes_of(optimizer) + rest, tracker.peak - resident
 
 
@@ -151,33 +147,3 @@ def _shadows(params: list[torch.Tensor]) -> list[torch.nn.Parameter]:
     return [
         torch.nn.Parameter(torch.empty_like(p, device=p.device), requires_grad=True) for p in params
     ]
-
-
-def _kind(p: torch.Tensor) -> tuple:
-    return (tuple(p.shape), p.stride(), p.dtype, p.device)
-
-
-def _pairs_prefix(kinds: list[tuple]) -> int:
-    """Length of the shortest prefix holding every pair of neighbours in `kinds`."""
-    pairs = set(zip(kinds, kinds[1:], strict=False))
-    seen: set[tuple] = set()
-    for i in range(1, len(kinds)):
-        seen.add((kinds[i - 1], kinds[i]))
-        if len(seen) == len(pairs):
-            return i + 1
-    return len(kinds)
-
-
-def _looped(params: list[torch.Tensor]) -> bool:
-    """Whether torch steps these parameters one by one (neither foreach nor fused)."""
-    try:
-        from torch.optim.optimizer import _default_to_fused_or_foreach
-    except ImportError:  # a torch that decides otherwise: run every parameter
-        return False
-    return not any(_default_to_fused_or_foreach(params, differentiable=False, use_fused=False))
-
-
-def _state_bytes(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> int:
-    """The bytes of one parameter's state (each storage once)."""
-    tensors = [t for t in optimizer.state.get(p, {}).values() if isinstance(t, torch.Tensor)]
-    return sum({storage_key(t): t.untyped_storage().nbytes() for t in tensors}.values())

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from inspector.context import Inputs
+from inspector.memory.kinds import copy_state_by_kind, stepping
 from inspector.memory.labels import module_labels, tag_graph
 from inspector.memory.loss import compute_loss
 from inspector.memory.optimizer import make_optimizer, state_bytes_of
@@ -91,16 +92,22 @@ def unique_tensors(tensors: Any) -> list[torch.Tensor]:
     return list(seen.values())
 
 
-def warm_up(optimizer: torch.optim.Optimizer | None, params: list[nn.Parameter]) -> None:
+def warm_up(
+    optimizer: torch.optim.Optimizer | None, params: list[nn.Parameter], shorten: bool = True
+) -> None:
     """Allocate the optimizer's state the way its first step does, with zero gradients.
     On fake tensors the step's in-place arithmetic is skipped (inspector.memory.warmup):
-    the state comes out the same, at a fraction of the cost."""
+    the state comes out the same, at a fraction of the cost. `shorten`: the step runs
+    over the parameters that decide its bytes, the rest get their kind's state
+    (inspector.memory.kinds)."""
     if optimizer is None:
         return
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    with without_inplace_arithmetic(params):
-        optimizer.step()
+    with stepping(optimizer, params) if shorten else nullcontext(params) as stepped:
+        for p in stepped:
+            p.grad = torch.zeros_like(p)
+        with without_inplace_arithmetic(stepped):
+            optimizer.step()
+    copy_state_by_kind(optimizer, params, stepped)
     optimizer.zero_grad(set_to_none=True)
 
 
@@ -167,8 +174,8 @@ def _tracked_step(
         grad_bytes = sum(p.grad.untyped_storage().nbytes() for p in trainable if p.grad is not None)
         tracker.set_phase("optimizer")
         tracker.label = OPTIMIZER_LABEL
-        if optimizer is not None:
-            with without_inplace_arithmetic(trainable):
+        if optimizer is not None:  # the same bytes over the deciding parameters alone
+            with stepping(optimizer, trainable) as stepped, without_inplace_arithmetic(stepped):
                 optimizer.step()
             tracker.mark(OPTIMIZER_LABEL)
         for p in trainable:

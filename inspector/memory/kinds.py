@@ -1,0 +1,114 @@
+"""An optimizer step over the fewest parameters that decide its bytes.
+
+torch's per-parameter loop (its choice for CPU tensors) updates one parameter at a time:
+each iteration's temporaries live until the next iteration rebinds their names, so the
+step's peak is set by a pair of neighbours, and each parameter's state depends only on
+its kind (shape, stride, dtype, device). Over the shortest prefix of the parameters that
+holds every pair of neighbouring kinds, a step allocates the same state per kind and
+peaks at the same temporaries; the state of the other parameters is that of their kind.
+A stack of 200 identical blocks needs one block's worth. Batched (foreach or fused)
+steps, which allocate for all parameters at once, run over every parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from inspector.memory.tracker import storage_key
+
+__all__ = [
+    "kind", "pairs_prefix", "looped", "deciding_prefix", "stepping", "copy_state_by_kind",
+    "state_bytes",
+]  # fmt: skip
+
+
+def kind(p: torch.Tensor) -> tuple:
+    """What a parameter's state and temporaries depend on. A DTensor's also depend on its
+    placements: a replicated norm weight and a sharded bias of the same global shape hold
+    different bytes."""
+    local = getattr(p, "_local_tensor", None)
+    shard = () if local is None else (tuple(local.shape), local.stride(), tuple(p.placements))
+    return (tuple(p.shape), p.stride(), p.dtype, p.device, *shard)
+
+
+def deciding_prefix(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The parameters a step must run over for its bytes: the shortest prefix holding
+    every pair of neighbouring kinds when torch loops over them, else all."""
+    prefix = list(params[: pairs_prefix([kind(p) for p in params])])
+    if len(prefix) < len(params) and not looped(prefix):
+        return list(params)
+    return prefix
+
+
+def pairs_prefix(kinds: list[tuple]) -> int:
+    """Length of the shortest prefix holding every pair of neighbours in `kinds`."""
+    pairs = set(zip(kinds, kinds[1:], strict=False))
+    seen: set[tuple] = set()
+    for i in range(1, len(kinds)):
+        seen.add((kinds[i - 1], kinds[i]))
+        if len(seen) == len(pairs):
+            return i + 1
+    return len(kinds)
+
+
+def looped(params: Sequence[torch.Tensor]) -> bool:
+    """Whether torch steps these parameters one by one (neither foreach nor fused)."""
+    try:
+        from torch.optim.optimizer import _default_to_fused_or_foreach
+    except ImportError:  # a torch that decides otherwise: run every parameter
+        return False
+    return not any(
+        _default_to_fused_or_foreach(list(params), differentiable=False, use_fused=False)
+    )
+
+
+@contextmanager
+def stepping(
+    optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]
+) -> Iterator[list[torch.Tensor]]:
+    """Within the block, `optimizer.step()` runs over the deciding prefix of `params` (its
+    one parameter group, narrowed); yields that prefix."""
+    prefix = deciding_prefix(params)
+    groups = optimizer.param_groups
+    if len(prefix) == len(params) or len(groups) != 1 or not _same(groups[0]["params"], params):
+        yield list(params)
+        return
+    whole = groups[0]["params"]
+    groups[0]["params"] = prefix
+    try:
+        yield prefix
+    finally:
+        groups[0]["params"] = whole
+
+
+def _same(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+def copy_state_by_kind(
+    optimizer: torch.optim.Optimizer,
+    params: Sequence[torch.Tensor],
+    stepped: Sequence[torch.Tensor],
+) -> None:
+    """Give each parameter the step did not reach a copy of the state of its kind, as the
+    step would have made it (call under the parameters' fake mode, if any)."""
+    template: dict[tuple, dict[str, Any]] = {}
+    for p in stepped:
+        template.setdefault(kind(p), optimizer.state.get(p, {}))
+    for p in params[len(stepped) :]:
+        state = template.get(kind(p))
+        if state and p not in optimizer.state:
+            optimizer.state[p] = {
+                name: value.clone() if isinstance(value, torch.Tensor) else value
+                for name, value in state.items()
+            }
+
+
+def state_bytes(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> int:
+    """The bytes of one parameter's state (each storage once)."""
+    tensors = [t for t in optimizer.state.get(p, {}).values() if isinstance(t, torch.Tensor)]
+    return sum({storage_key(t): t.untyped_storage().nbytes() for t in tensors}.values())

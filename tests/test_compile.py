@@ -206,3 +206,55 @@ def test_standard_models_have_no_graph_break() -> None:
         dynamo.run(ctx)
         section = ctx.report.compile
         assert (section.computed, section.graph_count, section.breaks) == (True, 1, []), make
+
+
+def _section_facts(section) -> tuple:  # noqa: ANN001
+    return (
+        section.computed, section.error, section.graph_count, section.op_count,
+        [(b.where, b.op) for b in section.breaks],
+        [(r.dim, r.value, r.changed_to, r.recompiles, r.guards, r.error)
+         for r in section.recompiles],
+    )  # fmt: skip
+
+
+def _spied_checks(monkeypatch) -> list[tuple[object, bool]]:  # noqa: ANN001
+    """One entry per Dynamo check the pass runs: (the model it ran, whether on fake inputs)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    runs: list[tuple[object, bool]] = []
+    check = dynamo.check
+
+    def spied(model, base, changed, count_all=False):  # noqa: ANN001, ANN202
+        runs.append((model, isinstance(base.args[0], FakeTensor)))
+        return check(model, base, changed, count_all=count_all)
+
+    monkeypatch.setattr(dynamo, "check", spied)
+    monkeypatch.setattr(dynamo, "_fake_is_cheaper", lambda ctx: True)
+    return runs
+
+
+def test_when_fake_is_cheaper_dynamo_runs_a_fake_copy_with_the_real_answer(monkeypatch) -> None:
+    """A model whose real forward costs more than a fake one (the memory pass's two steps
+    say so) is checked on a fake copy: the same graphs, breaks and guards as the real run,
+    and no real forward."""
+    for make in (Healthy, PrintsShape):
+        real = run(make()).report.compile
+        runs = _spied_checks(monkeypatch)
+        model = make()
+        fake = run(model).report.compile
+        monkeypatch.undo()
+        assert _section_facts(fake) == _section_facts(real)
+        assert len(runs) == 1 and runs[0][0] is not model and runs[0][1], make.__name__
+        assert real.recompiles[0].guards  # the changed batch fails a guard, named the same
+
+
+def test_a_fake_copy_that_needs_a_value_is_checked_for_real(monkeypatch) -> None:
+    """`.item()` stops the fake copy's run after its break: the check runs again on the
+    model itself and reports what a real run does (two breaks, no error)."""
+    real = run(Breaks()).report.compile
+    runs = _spied_checks(monkeypatch)
+    model = Breaks()
+    fake_first = run(model).report.compile
+    assert _section_facts(fake_first) == _section_facts(real)
+    assert (real.error, real.graph_count, real.graph_break_count) == (None, 2, 2)
+    assert [(m is model, on_fake) for m, on_fake in runs] == [(False, True), (True, False)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import time
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
@@ -20,8 +21,10 @@ from torch.utils._pytree import tree_map
 from inspector.compiling.breaks import graph_breaks
 from inspector.compiling.dynamo import Checked, GuardFailure, check
 from inspector.context import Context, Inputs
+from inspector.fakevalues import new_fake_mode
 from inspector.graph.symdims import perturbed_value
 from inspector.health.state import preserved
+from inspector.memory.shadow import fake_inputs, fake_shadow
 from inspector.report import Compile, Recompile
 
 __all__ = ["run"]
@@ -37,17 +40,52 @@ def run(ctx: Context) -> None:
     if ctx.loaded.source_kind == "torchscript":
         section.skipped = "a TorchScript model is not compiled with torch.compile"
         return
-    with preserved(ctx.model), ctx.fake_mode or nullcontext():
-        moved = {name: perturbed_value(value) for name, value in ctx.inputs.dims.items()}
-        try:
-            count_all = ctx.options.compile == "all"
-            base = _unmarked(ctx.inputs)
-            out = check(ctx.model, base, _changed(ctx, moved), count_all=count_all)
-        except Exception as exc:  # noqa: BLE001 - Dynamo failing on the model is the answer
-            section.error = _first_line(exc)
-        else:
-            _fill(section, out, ctx, moved)
+    moved = {name: perturbed_value(value) for name, value in ctx.inputs.dims.items()}
+    count_all = ctx.options.compile == "all"
+    out: Checked | BaseException | None = None
+    if ctx.fake_mode is None and _fake_is_cheaper(ctx):
+        out = _checked(ctx, moved, count_all, new_fake_mode())
+        if not _complete(out):  # values were needed (or fake tensors refused): run for real
+            out = None
+    if out is None:
+        out = _checked(ctx, moved, count_all, ctx.fake_mode)
+    if isinstance(out, BaseException):  # Dynamo failing on the model is the answer
+        section.error = _first_line(out)
+    else:
+        _fill(section, out, ctx, moved)
     section.seconds = round(time.perf_counter() - start, 3)
+
+
+def _checked(
+    ctx: Context, moved: dict[str, int], count_all: bool, fake_mode: Any
+) -> Checked | BaseException:
+    """Dynamo on the model (a fake copy under a fake mode it does not run in already)."""
+    shadowed = fake_mode is not None and fake_mode is not ctx.fake_mode
+    model = fake_shadow(ctx.model, fake_mode) if shadowed else ctx.model
+    with preserved(model), fake_mode or nullcontext():
+        try:
+            base = _unmarked(ctx.inputs)
+            base = fake_inputs(base, fake_mode) if shadowed else base
+            return check(model, base, _changed(ctx, moved), count_all=count_all)
+        except Exception as exc:  # noqa: BLE001 - the caller reports it
+            return exc
+
+
+def _fake_is_cheaper(ctx: Context) -> bool:
+    """Whether the memory pass found a fake training step cheaper than the real one: then
+    Dynamo's run of the model (its graphs, run eagerly) costs less on fake tensors, and
+    its graphs and breaks are the same."""
+    measured, estimated = ctx.results.memory_measured, ctx.results.memory
+    if measured is None or estimated is None or not estimated.on_fake:
+        return False
+    return estimated.rerun_cost < measured.step_seconds
+
+
+def _complete(out: Checked | BaseException) -> bool:
+    """A fake run that went the whole way: nothing stopped on a tensor's value."""
+    if isinstance(out, BaseException) or out.error is not None:
+        return False
+    return all(error is None for _, error in out.recompiles)
 
 
 def _unmarked(inputs: Inputs) -> Inputs:

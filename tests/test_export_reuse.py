@@ -52,7 +52,7 @@ def test_eager_outputs_run_once_per_input_set_in_eval_mode() -> None:
     assert model.calls == 1
     assert again is first
     with torch.no_grad():  # the independent answer: an eval forward by hand
-        expected = model.eval()(ctx.inputs.args[0]).double()
+        expected = model.eval()(ctx.inputs.args[0])
     model.train()
     assert torch.equal(first[0], expected)
     other = Inputs((torch.randn(5, 8),), {})  # another input set is run on its own
@@ -136,3 +136,53 @@ def test_the_export_checks_compare_the_sample_with_the_modes_eval_run() -> None:
     assert model.calls == 3
     nonstrict = ctx.report.export.targets[0]
     assert nonstrict.checked == ["sample", "B=3"] and nonstrict.max_abs_diff < 1e-6
+
+
+def _widened(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The definition: both widened to float64, NaN kept (it fails no threshold)."""
+    return float((a.double() - b.double()).abs().max())
+
+
+def test_the_exported_difference_is_the_float64_one_bit_for_bit() -> None:
+    """float32 outputs are compared in float32, then in float64 near the largest
+    difference; the answer must be the widened one exactly, NaN and Inf included."""
+    import math
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(4096, generator=g)
+    cases = [
+        (base, base.clone()),
+        (base * 1e6, base * 1e6 + torch.randn(4096, generator=g)),  # rounding in float32
+        (base, base * 3.0 - 1e-3),
+        (torch.full((8,), 1e30), torch.full((8,), -1e-30)),  # exponents 200 bits apart
+        (torch.full((8,), 1e-40), torch.zeros(8)),  # a subnormal difference
+        (torch.tensor([16777216.0, 16777218.0]), torch.tensor([-1.0, 1.0])),  # a float32 tie
+        (torch.tensor([3e38, 1.0]), torch.tensor([-3e38, 1.0])),  # overflows in float32
+        (torch.tensor([1.0, float("inf")]), torch.tensor([0.5, 0.0])),
+        (base.bfloat16(), (base * 2).bfloat16()),  # other dtypes are widened as before
+    ]
+    for a, b in cases:
+        assert exportmatch._max_abs_diff(a, b) == _widened(a, b)
+    nan = exportmatch._max_abs_diff(torch.tensor([1.0, float("nan")]), torch.tensor([0.5, 0.0]))
+    assert math.isnan(nan) and math.isnan(_widened(torch.tensor([float("nan")]), torch.zeros(1)))
+
+
+class ReturnsItsBuffer(nn.Module):
+    """Writes each call's result into a buffer it returns (a static KV cache does so)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("out", torch.zeros(3, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.out.copy_(x[:, :4] * 2.0)
+        return self.out
+
+
+def test_eager_outputs_kept_do_not_follow_the_models_next_call() -> None:
+    model = ReturnsItsBuffer()
+    ctx = _ctx(model)
+    kept = EagerOutputs(ctx).of(ctx.inputs)[0]
+    assert torch.equal(kept, ctx.inputs.args[0][:, :4] * 2.0)
+    model(torch.ones(3, 8))  # the next call writes over the buffer it returned
+    assert torch.equal(kept, ctx.inputs.args[0][:, :4] * 2.0)

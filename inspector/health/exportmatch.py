@@ -17,6 +17,7 @@ from inspector.context import Context, Inputs
 from inspector.graph.exportcapture import export_graph, flat_tensors, moving_axes
 from inspector.graph.symdims import perturbed_value
 from inspector.graph.tensors import tensor_leaves
+from inspector.health.maxdiff import float32_max_abs_diff
 from inspector.health.state import preserved, seeded
 from inspector.report import ExportTarget
 
@@ -48,7 +49,7 @@ class EagerOutputs:
         self._outputs: dict[int, tuple[Inputs, list[torch.Tensor]]] = {}
         if ctx.results.eval_output is not None:
             inputs, output = ctx.results.eval_output
-            self._outputs[id(inputs)] = (inputs, _floats(output))
+            self._outputs[id(inputs)] = (inputs, _kept(output))
 
     def of(self, inputs: Inputs) -> list[torch.Tensor]:
         kept = self._outputs.get(id(inputs))
@@ -57,7 +58,7 @@ class EagerOutputs:
             with preserved(ctx.model), torch.no_grad():
                 ctx.model.eval()
                 seeded(ctx.options.seed)
-                kept = (inputs, _floats(inputs.call(ctx.model)))
+                kept = (inputs, _kept(inputs.call(ctx.model)))
             self._outputs[id(inputs)] = kept
         return kept[1]
 
@@ -156,12 +157,29 @@ def _compare(
     if [a.shape for a in got] != [b.shape for b in expected]:
         return "the outputs' shapes differ from eager's", None
     pairs = zip(got, expected, strict=True)
-    diff = max((float((a - b).abs().max()) for a, b in pairs if a.numel()), default=0.0)
+    diff = max((_max_abs_diff(a, b) for a, b in pairs if a.numel()), default=0.0)
     scale = max((float(b.abs().max()) for b in expected if b.numel()), default=0.0)
     if diff > RTOL * max(scale, 1.0):
         return f"differs from eager by up to {diff:.3g} (largest eager value {scale:.3g})", diff
     return None, diff
 
 
+def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| in float64 (NaN when either holds one)."""
+    if a.dtype == b.dtype == torch.float32:
+        found = float32_max_abs_diff(a, b)
+        if found is not None:
+            return found
+    return float((a.double() - b.double()).abs().max())
+
+
 def _floats(output: Any) -> list[torch.Tensor]:
-    return [t.detach().double() for t in tensor_leaves(output) if t.is_floating_point()]
+    """The float outputs in their own dtype: compared as float64 computes (_max_abs_diff),
+    without float64 copies."""
+    return [t.detach() for t in tensor_leaves(output) if t.is_floating_point()]
+
+
+def _kept(output: Any) -> list[torch.Tensor]:
+    """Eager's float outputs, copied: kept for later comparisons, they must not follow a
+    tensor the model updates in place on its next call (a static KV cache it returns)."""
+    return [t.clone() for t in _floats(output)]

@@ -5,7 +5,6 @@ running stats and the RNG state are restored afterwards."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from typing import Any
 import torch
 
 from inspector.context import Context
+from inspector.health.maxdiff import float32_max_abs_diff
 from inspector.health.modecheck import BatchNormInput, batchnorm_probe, mode_dependent
 from inspector.health.outputs import flat_tensors, float_outputs
 from inspector.health.state import preserved, rng_watched, seeded
@@ -161,33 +161,12 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     if not a.numel():
         return 0.0
     if a.dtype == b.dtype == torch.float32:
-        found = _max_diff_float32(a, b)
+        found = float32_max_abs_diff(a, b)
         if found is not None:
             return found
     # b is widened inside the subtraction (exactly, as .double() would) and the rest runs
     # in place: one float64 buffer instead of four
     return (a.double() - b).abs_().nan_to_num_(0.0).max().item()
-
-
-_CANDIDATE_MARGIN = 2.0**-20  # float32 rounds a difference by at most 2**-24 of it
-
-
-def _max_diff_float32(a: torch.Tensor, b: torch.Tensor) -> float | None:
-    """The float64 answer, computed in float32 and then in float64 on the few elements
-    whose float32 difference is within rounding of the largest: a rounded difference is
-    off by at most 2**-24 of itself, so the element with the largest exact difference is
-    among them. Half the memory and passes of widening every value. None where a value
-    is not finite (the float64 path says how) or a nonzero difference could have
-    flushed to zero."""
-    diff = (a - b).abs_()
-    largest = diff.max().item()
-    if not math.isfinite(largest):
-        return None
-    if largest == 0.0:
-        return 0.0 if torch.equal(a, b) else None
-    near = diff >= largest * (1 - _CANDIDATE_MARGIN)
-    del diff
-    return (a[near].double() - b[near]).abs_().max().item()
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, th: dict) -> bool:

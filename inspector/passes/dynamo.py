@@ -6,6 +6,11 @@ Fake mode works: Dynamo traces with the inputs' own FakeTensorMode, so a model b
 fake tensors is checked without allocating it (its graphs and breaks are those of the real
 model). A break on a tensor's value (`.item()`, `.tolist()`) is found, but the Python that
 runs after it has no value to go on with: the check stops there and says so.
+
+A real model whose fake training step cost less than its real one (the memory pass timed
+both) is checked on a fake copy the same way, which spares its graphs' real forward
+(GPT-2 small at [4, 512]: 18 s to 3.5 s); where the copy stops on a value, the model
+itself is checked. On 48 zoo models both gave the same graphs, breaks and guards.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from server.sandbox import cgroup as cgroup_module
 from server.sandbox.cgroup import JobCgroup
 from server.sandbox.limits import Limits
 from server.sandbox.runner import name_ending
@@ -59,4 +60,55 @@ def test_a_refused_fork_is_counted_by_the_group() -> None:
         assert group.refused_forks()
     finally:
         group.kill()
+        group.remove()
+
+
+def _group_of(pid: int) -> str:
+    with open(f"/proc/{pid}/cgroup") as f:
+        return f.read()
+
+
+def test_a_child_forked_while_its_parent_is_moved_in_is_moved_in_too(monkeypatch) -> None:
+    """The race a zygote's job has: its outer process forks the pid namespace's init just
+    after we look at its tree and before we move it. The init, and so the job under it,
+    must not be left outside the group's process and memory limits."""
+    group = JobCgroup.create(max_procs=8, memory_bytes=1 << 30)
+    if group is None:
+        pytest.skip("this host gives no per-job cgroup (the watchdog alone counts processes)")
+    forker = (
+        "import os, sys, time\n"
+        "sys.stdin.readline()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    time.sleep(60); os._exit(0)\n"
+        "print(pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", forker], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    looks: list[list[int]] = []
+    real_tree_pids = cgroup_module.tree_pids
+
+    def tree_pids_then_fork(root: int) -> list[int]:
+        pids = real_tree_pids(root)
+        if not looks:  # the first look: the parent forks before it is moved
+            parent.stdin.write("fork\n")
+            parent.stdin.flush()
+            int(parent.stdout.readline())
+        looks.append(pids)
+        return pids
+
+    monkeypatch.setattr(cgroup_module, "tree_pids", tree_pids_then_fork)
+    try:
+        group.enter_tree(parent.pid)
+        child = [pid for pid in real_tree_pids(parent.pid) if pid != parent.pid]
+        assert looks[0] == [parent.pid] and len(child) == 1  # the child came after the look
+        for pid in (parent.pid, *child):
+            assert all(f"/{path.name}\n" in _group_of(pid) for path in group.dirs), pid
+        assert len(looks) == 3  # moved the parent, then the child, then nothing new
+    finally:
+        parent.kill()
+        group.kill()
+        parent.wait()
         group.remove()

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from server.sandbox.procs import tree_pids
+
 __all__ = ["JobCgroup"]
 
 MiB = 1024**2
@@ -111,6 +113,21 @@ class JobCgroup:
             return False
         self.dirs.append(path)
         return all(_write(path / key, str(value)) for key, value in files.items())
+
+    def enter_tree(self, root: int) -> None:
+        """Move `root` and every descendant in, until a look finds no process not yet moved.
+
+        A process forked after its parent moved starts in the group, but one forked between
+        our look at the tree and its parent's move stays outside, and so would everything it
+        forks. So look again after each move: once a look finds nothing new, every process
+        of the tree is in, and all their later forks are born in."""
+        moved: set[int] = set()
+        while new := [pid for pid in tree_pids(root) if pid not in moved]:
+            for procs in self.procs_files:
+                for pid in new:
+                    with contextlib.suppress(ProcessLookupError):  # ended: nothing to count
+                        Path(procs).write_text(str(pid))
+            moved.update(new)
 
     def oom_killed(self) -> bool:
         """Did the kernel's OOM killer act inside this group?"""

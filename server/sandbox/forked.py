@@ -17,7 +17,7 @@ from pathlib import Path
 from server.sandbox.cgroup import JobCgroup
 from server.sandbox.limits import Limits, rlimit_values
 from server.sandbox.output import CappedStream
-from server.sandbox.procs import kill_tree, tree_pids
+from server.sandbox.procs import kill_tree
 from server.sandbox.runner import Outcome, Watch, cgroup_memory, disk_usage, name_ending
 from server.sandbox.zygote import Zygote, ZygoteError, job_threads
 
@@ -103,10 +103,7 @@ def _started(zygote: Zygote, cgroup: JobCgroup | None) -> int:
         zygote.broken = True
         raise ZygoteError(f"the zygote's child {reply['pid']} is not in its process tree")
     if cgroup is not None:
-        for procs in cgroup.procs_files:
-            for pid in tree_pids(host):
-                with open(procs, "w") as f:
-                    f.write(str(pid))
+        cgroup.enter_tree(host)
     zygote.send({"go": True})
     return host
 

@@ -5,17 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from dataclasses import dataclass
 
-__all__ = ["TreeUsage", "tree_pids", "tree_usage", "kill_tree", "ns_pids"]
+__all__ = ["tree_pids", "tree_memory", "kill_tree", "ns_pids"]
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
-
-
-@dataclass(frozen=True)
-class TreeUsage:
-    pids: tuple[int, ...]
-    rss_bytes: int  # proportional set size summed over the tree: shared pages once
 
 
 def _parent_map() -> dict[int, list[int]]:
@@ -70,9 +63,9 @@ def _memory_bytes(pid: int) -> int:
         return 0
 
 
-def tree_usage(root: int) -> TreeUsage:
-    pids = tree_pids(root)
-    return TreeUsage(tuple(pids), sum(_memory_bytes(pid) for pid in pids))
+def tree_memory(pids: list[int] | tuple[int, ...]) -> int:
+    """Proportional set size summed over `pids`: pages shared by the tree counted once."""
+    return sum(_memory_bytes(pid) for pid in pids)
 
 
 def kill_tree(root: int, pids: list[int] | tuple[int, ...] = ()) -> None:

@@ -19,11 +19,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from inspector.beside import MEMORY_ENV
 from server.sandbox.bwrap import JOB_MOUNT, bwrap_argv, child_env, inspector_root
 from server.sandbox.cgroup import JobCgroup
 from server.sandbox.limits import Limits, oom_first_prefix, priority_prefix, prlimit_prefix
 from server.sandbox.output import CappedStream
-from server.sandbox.procs import kill_tree, tree_usage
+from server.sandbox.procs import kill_tree, tree_memory, tree_pids
 from server.sandbox.seccomp import seccomp_fd
 
 __all__ = ["Outcome", "run_child", "job_python_command"]
@@ -63,18 +64,21 @@ class Watch:
 
     def breach(self, pid: int) -> tuple[str, str] | None:
         """(status, reason) when the child went past a limit, else None."""
-        usage = tree_usage(pid)
-        procs = max(len(usage.pids) - self.overhead_procs, 0)
-        self.peak_rss = max(self.peak_rss, usage.rss_bytes)
+        pids = tree_pids(pid)
+        procs = max(len(pids) - self.overhead_procs, 0)
         self.peak_procs = max(self.peak_procs, procs)
         lim, now = self.limits, time.monotonic()
         if self.should_stop is not None and self.should_stop():
             return "interrupted", "the worker is stopping"
         if now - self.start > lim.wall_s:
             return "timed_out", f"ran longer than the job time limit of {lim.wall_s:g} s"
-        if procs > lim.max_procs:  # first: a fork bomb also grows in memory
+        # Counted before any memory is read: a fork bomb also grows in memory, and reading
+        # the memory of thousands of processes would let it grow faster than we look.
+        if procs > lim.max_procs:
             return "killed", f"started more than {lim.max_procs} processes"
-        if usage.rss_bytes > lim.memory_bytes:
+        rss = tree_memory(pids)
+        self.peak_rss = max(self.peak_rss, rss)
+        if rss > lim.memory_bytes:
             return "out_of_memory", f"used more than the memory limit of {_gib(lim.memory_bytes)}"
         if now >= self.next_disk_check:
             self.next_disk_check = now + DISK_CHECK_EVERY_S
@@ -117,6 +121,7 @@ def job_python_command(module: str = "inspector.job") -> list[str]:
 
 def _spawn_argv(argv, job_dir, limits, confined, readonly, gpu, fd, cgroup) -> list[str]:  # noqa: ANN001
     env = child_env(inspector_root(), threads=max(1, min(os.cpu_count() or 1, 8)))
+    env[MEMORY_ENV] = str(limits.memory_bytes)  # what runs beside the passes fits in it
     if confined:
         inner = bwrap_argv(
             job_dir, argv, env=env, seccomp_fd=fd, readonly=readonly,

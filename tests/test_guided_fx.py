@@ -63,6 +63,34 @@ class BranchThenNonzero(nn.Module):
         return h[torch.nonzero(h.sum(-1) > -1e9, as_tuple=True)]
 
 
+class _RotateHalf(nn.Module):
+    """A function wrapped as a module, as the `kernels` package wraps transformers'
+    `apply_rotary_pos_emb`: one instance at module level, held by no model."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+rotate_half = _RotateHalf()
+
+
+class CallsAHeldByNoOne(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rotate_half(self.proj(x)) * 2
+
+
+class BranchThenHeldByNoOne(CallsAHeldByNoOne):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] > 3:  # plain fx fails here, guided fx goes on
+            x = x + 1
+        return rotate_half(self.proj(x))
+
+
 def _run(module: type[nn.Module], fake: bool = False, **dims: int):
     make = lambda B, T: ((torch.randn(B, T, 8),), {})  # noqa: E731, N803
     ctx = make_ctx(module, make, dims, fake=fake, user_files=(THIS,))
@@ -124,6 +152,22 @@ def test_what_meta_cannot_run_goes_on_to_export() -> None:
     assert fx.source_line == "if x.shape[1] > 3:"
     assert export.ok and report.capture.method == "export"
     assert report.module("lin").flops_forward == 2 * 4 * 6 * 8 * 8
+
+
+@pytest.mark.parametrize("module", [CallsAHeldByNoOne, BranchThenHeldByNoOne])
+def test_a_module_the_model_does_not_hold_is_traced_as_a_function(module) -> None:
+    """fx names a called module by its path in the model; one held by no model has none,
+    and fx's own tracer stops ("module is not installed as a submodule")."""
+    ctx, report = _run(module, B=4, T=6)
+    assert report.capture.method == "fx" and report.capture.attempts[-1].ok
+    # its ops are the caller's: neg and cat on the root, nothing named after the wrapper
+    ops = {n.target: n.module_path for n in report.nodes if n.op == "call_function"}
+    assert ops["torch.cat"] == "" and "_operator.neg" in ops
+    assert [m.path for m in report.modules] == ["", "proj"]
+    x = torch.randn(3, 5, 8)
+    out = ctx.capture.graph_module(x)  # guided fx returns the flat outputs
+    out = out[0] if isinstance(out, tuple) else out
+    torch.testing.assert_close(out, ctx.model(x))
 
 
 def test_control_flow_on_tensor_data_is_refused() -> None:

@@ -44,12 +44,24 @@ class FxTracer(fx.Tracer):
         return qualname in self.extra_leaves or super().is_leaf_module(m, qualname)
 
     def call_module(self, m: nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:
+        if not self._installed(m):
+            # A module the model calls but does not hold, such as a function the `kernels`
+            # package wraps as a module (transformers' `apply_rotary_pos_emb`): it has no
+            # path to name a node by, so its code is traced as a function call's would be.
+            return forward(*args, **kwargs)
         try:
             return super().call_module(m, forward, args, kwargs)
         except Exception:
             if self.failed_at is None:  # the innermost module raises first
                 self.failed_at = self.path_of_module(m)
             raise
+
+    def _installed(self, m: nn.Module) -> bool:
+        try:
+            self.path_of_module(m)
+        except NameError:
+            return False
+        return True
 
 
 def _concrete_args(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:

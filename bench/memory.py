@@ -38,6 +38,7 @@ import models  # noqa: E402  (tests/models.py)
 from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options  # noqa: E402
 from inspector.loaders.fakebuild import building_under  # noqa: E402
 from inspector.memory.shadow import new_fake_mode  # noqa: E402
+from inspector.passes import measure as measure_pass  # noqa: E402
 from inspector.passes import memory as memory_pass  # noqa: E402
 from inspector.report import Report  # noqa: E402
 
@@ -107,6 +108,7 @@ def compare(name: str, with_torchinfo: bool = True) -> dict[str, Any]:
     factory = BatchFactory(maker, batch, extra)
     real = context(model, Inputs(args, kwargs, {"B": batch}), factory, Options(fake=False))
     memory_pass.run(real)
+    measure_pass.run(real)
     info = torchinfo_bytes(model, real.inputs) if with_torchinfo else 0
     measured = real.results.memory_measured
     del model, real.loaded.model

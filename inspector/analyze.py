@@ -21,7 +21,7 @@ from inspector.isolation import isolation_mode, run_passes
 from inspector.loaders.compiled import compiled_note, unwrap_compiled
 from inspector.loaders.load import load_model
 from inspector.memory.namedblocks import match_blocks, named_blocks
-from inspector.passes import PASSES, runs_model
+from inspector.passes import BESIDE, PASSES, runs_model, wanted
 from inspector.progress import StagePlan
 from inspector.realcopy import needs_values, real_copy_decision
 from inspector.report import Meta, Report
@@ -70,14 +70,14 @@ def inspect_model(
     report = Report(meta=_meta(model, input, options))
     timings = report.meta.timings_s
     notify = progress or (lambda stage, percent: None)
-    ran = [name for name, _ in PASSES if options.wants(name)]
+    ran = [name for name, _ in PASSES if wanted(name, options)]
     plan = StagePlan(["load", "capture", *ran], getattr(progress, "stage_seconds", None))
     torch.manual_seed(options.seed)
     fake_mode = new_fake_mode() if options.fake else None
 
     notify("load", plan.percent("load"))
     with _timed(timings, "load"):
-        loaded, factory, inputs, limit = _load(model, input, options, fake_mode, report)
+        loaded, factory, inputs, limit, forward_s = _load(model, input, options, fake_mode, report)
         if limit is not None and fake_mode is not None and needs_values(limit):
             real, note = real_copy_decision(limit, loaded.model)
             report.meta.warnings.append(note)
@@ -85,7 +85,7 @@ def inspect_model(
                 fake_mode = None
                 options.fake = report.meta.fake = False  # meta.options keeps what was asked
                 torch.manual_seed(options.seed)  # the same weights as a run without --fake
-                loaded, factory, inputs, _ = _load(model, input, options, None, report)
+                loaded, factory, inputs, _, forward_s = _load(model, input, options, None, report)
     report.meta.source_kind = loaded.source_kind
     report.meta.source_name = loaded.source_name
     report.meta.source_sha256 = loaded.sha256
@@ -96,6 +96,7 @@ def inspect_model(
         match_blocks(loaded.model, tuple(options.blocks))
 
     ctx = Context(loaded, factory, inputs, options, report, fake_mode=fake_mode)
+    ctx.results.real_forward_seconds = forward_s if fake_mode is None else None
     notify("capture", plan.percent("capture"))
     with _timed(timings, "capture"):
         ctx.capture = capture_graph(ctx)
@@ -111,9 +112,9 @@ def inspect_model(
 
 def _load(
     model: str, input: str | None, options: Options, fake_mode: Any, report: Report
-) -> tuple[LoadedModel, InputFactory, Inputs, BaseException | None]:
-    """The model, its input factory and inputs, checked against each other; and what a
-    fake forward could not do (an op that needs values), if anything."""
+) -> tuple[LoadedModel, InputFactory, Inputs, BaseException | None, float]:
+    """The model, its input factory and inputs, checked against each other; what a fake
+    forward could not do (an op that needs values), if anything; the check's seconds."""
     loaded = load_model(model, fake_mode=fake_mode, device=options.device)
     loaded.model, compiled = unwrap_compiled(loaded.model)
     if compiled and compiled_note(compiled) not in report.meta.warnings:  # once, if reloaded
@@ -122,10 +123,12 @@ def _load(
     with fake_mode or nullcontext():
         inputs = factory.build(device=options.device)
         # Name the layer that rejects the inputs before any pass trips over them.
+        start = time.perf_counter()
         limit = check_inputs_fit(loaded.model, inputs, loaded.user_files)
+        seconds = time.perf_counter() - start
         if limit is None and fake_mode is not None:  # training may branch on values too
             limit = fake_train_limit(loaded.model, inputs)
-    return loaded, factory, inputs, limit
+    return loaded, factory, inputs, limit, seconds
 
 
 def _run_passes(ctx: Context, notify, plan: StagePlan) -> None:  # noqa: ANN001 - progress
@@ -134,7 +137,7 @@ def _run_passes(ctx: Context, notify, plan: StagePlan) -> None:  # noqa: ANN001 
     selected = [
         (name, run, plan.percent(name), runs_model(name, ctx))
         for name, run in PASSES
-        if ctx.options.wants(name)
+        if wanted(name, ctx.options)
     ]
     isolate, why = isolation_mode(ctx.options.isolate, ctx.options.fake, ctx.options.device)
     ctx.report.meta.isolation = why
@@ -143,7 +146,7 @@ def _run_passes(ctx: Context, notify, plan: StagePlan) -> None:  # noqa: ANN001 
         return _timed(ctx.report.meta.timings_s, stage)
 
     if isolate:
-        run_passes(ctx, selected, notify, timed, finish_report)
+        run_passes(ctx, selected, notify, timed, finish_report, BESIDE)
         return
     for name, run, percent, _ in selected:
         notify(name, percent)

@@ -88,16 +88,18 @@ def _extras(target: dict[str, torch.Tensor]) -> str:
 
 
 @contextmanager
-def training_inputs(ctx: Context, what: str) -> Iterator[None]:
+def training_inputs(ctx: Context, what: str | None) -> Iterator[None]:
     """`ctx.inputs` with synthesized targets while the block runs, where the model needs
-    them (the report says so, naming `what`); unchanged otherwise."""
+    them (the report says so, naming `what`; None: a pass that said it already, as the
+    memory pass for its measurement); unchanged otherwise."""
     targets = synthesized_targets(ctx.model, ctx.inputs)
     if targets is None:
         yield
         return
     saved = ctx.inputs
     ctx.inputs = Inputs(saved.args, {**saved.kwargs, "targets": targets}, saved.dims)
-    ctx.report.meta.warnings.append(TARGETS_NOTE.format(what=what, extra=_extras(targets[0])))
+    if what is not None:
+        ctx.report.meta.warnings.append(TARGETS_NOTE.format(what=what, extra=_extras(targets[0])))
     try:
         yield
     finally:

@@ -39,8 +39,12 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from inspector.fakekernels import Widening, remember_refusal, standins, widening_for
+from inspector.fakememo import FakeMemo
+from inspector.fakeviews import PLAIN_VIEWS, plain_view
 
-__all__ = ["ValuedFakeTensorMode", "new_fake_mode", "value_of", "give_value", "MAX_NUMEL"]
+__all__ = [
+    "ValuedFakeTensorMode", "new_fake_mode", "value_of", "has_value", "give_value", "MAX_NUMEL",
+]  # fmt: skip
 
 MAX_NUMEL = 1 << 24  # a [1, 1, 4096, 4096] bool mask; a real value costs real memory
 # Floats with values are small things read in Python (drop-path rates, a scale): never
@@ -57,6 +61,11 @@ _UNINITIALISED = frozenset(
 def value_of(t: Any) -> torch.Tensor | None:
     """The real value a fake tensor carries, or None."""
     return getattr(t, _ATTR, None) if isinstance(t, FakeTensor) else None
+
+
+def has_value(t: Any) -> bool:
+    """Whether a fake tensor carries a real value."""
+    return value_of(t) is not None
 
 
 def give_value(fake: torch.Tensor, value: torch.Tensor | None) -> torch.Tensor:
@@ -96,6 +105,7 @@ class ValuedFakeTensorMode(FakeTensorMode):
     def __init__(self) -> None:
         super().__init__(allow_non_fake_inputs=True)
         self.valued = WeakTensorKeyDictionary()  # the fakes with values, for aliases
+        self.memo = FakeMemo(self, has_value)
 
     def __enter__(self) -> ValuedFakeTensorMode:
         _teach_transformers()
@@ -103,9 +113,23 @@ class ValuedFakeTensorMode(FakeTensorMode):
 
     def dispatch(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN201 - torch's
         kwargs = kwargs or {}
+        if func in PLAIN_VIEWS:
+            out = plain_view(self, func, args, kwargs, has_value)
+            if out is not None:
+                return out
         widening = widening_for(func, args, kwargs)
         if widening is not None:  # the fake kernel refuses what the real one runs
             return self._widened(func, types, args, kwargs, widening)
+        key = self.memo.key(func, args, kwargs)
+        if key is None:
+            return self._dispatch(func, types, args, kwargs)
+        out = self.memo.answer(key)
+        if out is None:
+            out = self._dispatch(func, types, args, kwargs)
+            self.memo.remember(key, args, kwargs, out)
+        return out
+
+    def _dispatch(self, func: Any, types: Any, args: Any, kwargs: dict) -> Any:
         real = _real_args(func, args, kwargs)
         try:
             out = super().dispatch(func, types, args, kwargs)

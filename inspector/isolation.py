@@ -34,12 +34,14 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from inspector import beside
 
 __all__ = [
     "isolation_mode", "run_passes", "SelectedPass", "signal_reason", "RemoteTraceback",
-    "become_child",
+    "become_child", "raised_outcome",
 ]  # fmt: skip
 
 # (name, run, percent shown when it starts, whether it runs torch on the model: forked)
@@ -137,13 +139,19 @@ class _Channel:
 
 
 def run_passes(
-    ctx: Any, passes: list[SelectedPass], notify: Notify, timed: Timed, finish: Finish
+    ctx: Any,
+    passes: list[SelectedPass],
+    notify: Notify,
+    timed: Timed,
+    finish: Finish,
+    besides: dict[str, beside.Beside] | None = None,
 ) -> None:
     """Run `passes` on `ctx`, each in a forked child; `ctx.report` ends as the last process
     left it. `finish(ctx)` runs after the last pass, where the state is. A pass that raises
-    ends the run with that exception, as in one process."""
+    ends the run with that exception, as in one process. `besides`: the passes that may
+    run beside the others (inspector/beside.py)."""
     channel = _Channel.open()
-    line = _Line(channel, timed, finish)
+    line = _Line(channel, timed, finish, besides or {})
     try:
         finished_here = _hold_line(ctx, passes, 0, line, notify)
     except BaseException:
@@ -174,6 +182,8 @@ class _Line:
     channel: _Channel
     timed: Timed
     finish: Finish
+    besides: dict[str, beside.Beside]  # the passes that may run beside the others
+    started: dict[str, beside.Started] = field(default_factory=dict)  # those running
 
 
 def _hold_line(
@@ -181,8 +191,19 @@ def _hold_line(
 ) -> bool:
     """Fork a child for each pass from `start`. True when this process ran out of passes
     (the children crashed); False when a child finished the run."""
+    kinds = [(p[0], p[3]) for p in passes]
     for i in range(start, len(passes)):
         name, run, percent, forked = passes[i]
+        beside.start_ready(ctx, kinds, i, line.besides, line.started, line.channel.result_path)
+        if name in line.started:  # it ran beside the passes since its inputs were done
+            notify(name, percent)
+            with line.timed(name):
+                started = line.started.pop(name)
+                status = beside.collect(ctx, started, line.besides[name])
+            if status is not None:
+                seconds = time.perf_counter() - started.began
+                _record_failure(ctx, name, status, started.trace_path, seconds)
+            continue
         if not forked:  # it cannot crash natively: no fork's cost
             notify(name, percent)
             with line.timed(name):
@@ -272,20 +293,27 @@ def _child(ctx: Any, passes: list[SelectedPass], i: int, line: _Line, trace_path
 def become_child() -> None:
     """Die with the parent; one intra-op thread (the parent's OpenMP pool is not ours)."""
     _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    import torch
-
-    if torch.get_num_threads() != 1:
+    torch = sys.modules.get("torch")  # a parent without torch: nothing to set (or import)
+    if torch is not None and torch.get_num_threads() != 1:
         torch.set_num_threads(1)
 
 
 def _put_exception(channel: _Channel, exc: BaseException, ctx: Any) -> int:
-    text = "".join(traceback.format_exception(exc))
-    exc = _portable(exc, ctx.loaded.user_files)
-    try:
-        channel.put(("raised", (exc, text)))
-    except Exception:  # noqa: BLE001 - unpicklable: keep its type name and message
-        channel.put(("raised", (RuntimeError(f"{type(exc).__name__}: {exc}"), text)))
+    channel.put(raised_outcome(exc, ctx.loaded.user_files))
     return 0
+
+
+def raised_outcome(exc: BaseException, user_files: list[str]) -> tuple[str, Any]:
+    """("raised", (exception, its traceback's text)), as a pass's process sends it to
+    the caller: the exception portable, and picklable (else a RuntimeError keeping its
+    type name and message)."""
+    text = "".join(traceback.format_exception(exc))
+    exc = _portable(exc, user_files)
+    try:
+        pickle.dumps(exc)
+    except Exception:  # noqa: BLE001 - unpicklable: keep its type name and message
+        exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+    return ("raised", (exc, text))
 
 
 def _portable(exc: BaseException, user_files: list[str]) -> BaseException:

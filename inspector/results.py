@@ -47,7 +47,9 @@ class PassResults:
     memory_bf16: AutocastStep | None = None  # passes/memory.py, fake float32 models only
     # passes/memory.py: the step with every block checkpointed (fake runs with 2+ blocks)
     memory_checkpointed: Checked | None = None
-    memory_measured: Measurement | None = None  # passes/memory.py, real runs only
+    memory_measured: Measurement | None = None  # passes/measure.py, real runs only
+    # analyze.py: seconds of the inputs-fit check's forward (real runs: eval, no grad)
+    real_forward_seconds: float | None = None
     gradients: BackwardRun | None = None  # passes/gradients.py: the forward + backward
     numerics: NumericsResult | None = None  # passes/numerics.py
     # passes/gradients.py: the value statistics of its per-node replay, the forward the

@@ -85,3 +85,22 @@ def page(browser):
     yield page
     context.close()
     assert not errors, errors
+
+
+@pytest.fixture
+def dispatched(monkeypatch) -> list:
+    """The ops that reach the fake mode's own dispatch (its device queries aside): what a
+    shortcut in front of it (inspector/fakeviews.py, fakememo.py) kept from it."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    seen = []
+    real_dispatch = FakeTensorMode.dispatch
+
+    def noted(self, func, types, args=(), kwargs=None):
+        if func is not torch.ops.prim.device.default:
+            seen.append(func)
+        return real_dispatch(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(FakeTensorMode, "dispatch", noted)
+    return seen

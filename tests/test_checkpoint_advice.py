@@ -95,59 +95,59 @@ def _mib(n: int) -> str:
     return format_bytes(n)
 
 
-def test_the_checks_run_side_by_side_give_the_checks_run_one_by_one(
-    unet_report, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The advised checkpointing runs (one per group of blocks, and every block at once)
-    are independent fake steps, run in forked children when each is slow (a large model):
-    the same advice as in one process. Here forked whatever their time."""
+def test_the_runs_side_by_side_give_the_runs_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory pass's independent fake runs (the per-node run, twice the batch, the
+    advised checkpointing, bf16, the optimizers' steps) give the same section in forked
+    children as in this process. Here forked whatever their time."""
     import inspector.forkmap as forkmap
-    import inspector.passes.memory as memory_pass
 
-    options = Options(passes={"graph", "memory", "findings"}, measure=False, isolate=False)
+    options = Options(passes={"graph", "memory", "findings"}, isolate=False)
     model = f"{HERE / 'test_gradient_verdicts.py'}:UNet"
     forked: list[int] = []
-    start = forkmap._start
+    outcomes = forkmap._Worker.outcomes
 
-    def counted(fn, item):  # noqa: ANN001, ANN202
-        forked.append(1)
-        return start(fn, item)
+    def counted(worker):  # noqa: ANN001, ANN202 - the runs a forked worker did
+        got = outcomes(worker)
+        forked.extend(got)
+        return got
 
-    monkeypatch.setattr(forkmap, "_start", counted)
-    always = lambda fn, items, _seconds: forkmap.fork_map(fn, items)  # noqa: E731
-    monkeypatch.setattr(memory_pass, "fork_map_if_slow", always)
+    monkeypatch.setattr(forkmap._Worker, "outcomes", counted)
+    monkeypatch.setattr(forkmap, "FORK_WORTH_SECONDS", 0.0)
     side_by_side = inspect_model(model, UNET_SPEC, options)
-    assert len(forked) >= 2
+    if forkmap._workers(2) >= 2:  # noqa: SLF001 - one core: everything runs here
+        # of 6+ (nodes, batch, 3+ checkpoint runs, bf16), those this process did not
+        # reach first
+        assert len(forked) >= 2
     monkeypatch.setattr(forkmap, "_may_fork", lambda: False)
     alone = inspect_model(model, UNET_SPEC, options)
     assert len([a for a in alone.memory.advice if a.kind.startswith("checkpoint")]) >= 2
-    assert side_by_side.memory.advice == alone.memory.advice == unet_report.memory.advice
-    assert side_by_side.memory.setups == alone.memory.setups == unet_report.memory.setups
+    assert side_by_side.memory.measured is not None  # the measure pass, asked with memory
+    assert side_by_side.memory.model_dump() == alone.memory.model_dump()
+    assert [(n.saved_bytes, n.live_bytes_after) for n in side_by_side.nodes] == [
+        (n.saved_bytes, n.live_bytes_after) for n in alone.nodes
+    ]
+    assert side_by_side.meta.warnings == alone.meta.warnings
 
 
-def test_the_checks_fork_by_what_a_warm_rerun_cost(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Forking is decided by the last rerun's seconds (the batch-scaling run, warm), not
-    by the first step's, which paid the process's first fake dispatches."""
-    import inspector.memory.analysis as analysis
-    import inspector.passes.memory as memory_pass
+@pytest.mark.parametrize("worth", [0.0, 1e9])
+def test_what_is_worth_a_fork(monkeypatch: pytest.MonkeyPatch, worth: float) -> None:
+    """A fake run is forked where half the first (cold) step's seconds reach a fork's
+    worth; the optimizers' steps (one step each) never."""
+    import inspector.forkmap as forkmap
+    import inspector.memory.independent as independent
 
-    seen: list[float] = []
-    reruns: list[float] = []
-    real_rerun = analysis.rerun
+    asked: list[list[bool]] = []
 
-    def timed_rerun(a, inputs, **changes):  # noqa: ANN001, ANN202
-        result = real_rerun(a, inputs, **changes)
-        reruns.append(a.rerun_seconds)
-        return result
+    def here(runs):  # noqa: ANN001, ANN202
+        asked.append([worth for _, worth in runs])
+        return [forkmap._here(fn) for fn, _ in runs]  # noqa: SLF001
 
-    def recorded(fn, items, seconds):  # noqa: ANN001, ANN202
-        seen.append(seconds)
-        return [fn(x) for x in items]
-
-    monkeypatch.setattr(analysis, "rerun", timed_rerun)  # batch scaling's, by batch_runs
-    monkeypatch.setattr(memory_pass, "fork_map_if_slow", recorded)
-    options = Options(passes={"graph", "memory", "findings"}, measure=False, isolate=False)
-    inspect_model(f"{HERE / 'test_gradient_verdicts.py'}:UNet", UNET_SPEC, options)
-    # batch scaling (twice the batch) is the one rerun before the checks: its seconds
-    assert len(seen) == 1 and len(reruns) == 1
-    assert seen[0] == reruns[0] > 0
+    monkeypatch.setattr(independent, "side_by_side", here)
+    monkeypatch.setattr(forkmap, "FORK_WORTH_SECONDS", worth)
+    options = Options(passes={"graph", "memory"}, isolate=False, measure=False)
+    report = inspect_model(f"{HERE / 'test_gradient_verdicts.py'}:UNet", UNET_SPEC, options)
+    assert report.memory.batch_scaling and report.memory.advice
+    [flags] = asked
+    assert len(flags) >= 6  # nodes, batch, the checkpoint runs, bf16, the optimizers' steps
+    assert flags[:-1] == [worth == 0.0] * (len(flags) - 1)
+    assert flags[-1] is False

@@ -258,3 +258,21 @@ def test_a_fake_copy_that_needs_a_value_is_checked_for_real(monkeypatch) -> None
     assert _section_facts(fake_first) == _section_facts(real)
     assert (real.error, real.graph_count, real.graph_break_count) == (None, 2, 2)
     assert [(m is model, on_fake) for m, on_fake in runs] == [(False, True), (True, False)]
+
+
+def test_a_fake_copy_is_chosen_when_a_fake_step_costs_less_than_three_real_forwards() -> None:
+    """The choice reads the memory pass's fake rerun and the forward the inputs-fit check
+    timed at load, not the measured step, which runs beside this pass."""
+    from types import SimpleNamespace
+
+    def ctx(rerun: float, forward: float | None, on_fake: bool = True) -> SimpleNamespace:
+        memory = SimpleNamespace(rerun_cost=rerun, on_fake=on_fake)
+        return SimpleNamespace(results=SimpleNamespace(real_forward_seconds=forward, memory=memory))
+
+    from inspector.realcost import REAL_STEP_FORWARDS, fake_step_is_cheaper
+
+    assert REAL_STEP_FORWARDS == 3 and dynamo._fake_is_cheaper is fake_step_is_cheaper
+    assert fake_step_is_cheaper(ctx(0.25, 0.1))  # 0.25 s < 3 x 0.1 s
+    assert not fake_step_is_cheaper(ctx(0.35, 0.1))
+    assert not fake_step_is_cheaper(ctx(0.01, None))  # a fake run: no real forward
+    assert not fake_step_is_cheaper(ctx(0.01, 0.1, on_fake=False))  # a real-copy estimate

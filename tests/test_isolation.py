@@ -87,16 +87,21 @@ def _reports_agree() -> None:
     one = inspect_model(MLP, None, Options(passes=passes, isolate=False, measure=False))
     forked = inspect_model(MLP, None, Options(passes=passes, isolate=True, measure=False))
     assert one.meta.isolation.startswith("off") and forked.meta.isolation == "fork per pass"
+    assert _comparable(forked) == _comparable(one)
 
-    def comparable(report: object) -> dict:
-        data = json.loads(report.to_json())
-        for key in ("timings_s", "isolation", "created_at"):
-            data["meta"].pop(key)
-        for attempt in data["capture"]["attempts"]:
-            attempt.pop("seconds")
-        return data
 
-    assert comparable(forked) == comparable(one)
+def _comparable(report: object) -> dict:
+    """The report without its clocks and the isolation it ran under."""
+    data = json.loads(report.to_json())
+    for key in ("timings_s", "isolation", "created_at"):
+        data["meta"].pop(key)
+    for attempt in data["capture"]["attempts"]:
+        attempt.pop("seconds")
+    if data.get("compile"):
+        data["compile"].pop("seconds")
+    for target in data["export"]["targets"]:
+        target.pop("seconds")
+    return data
 
 
 def test_an_exception_in_a_pass_reaches_the_caller_as_itself(
@@ -181,3 +186,147 @@ def test_a_sandboxed_job_survives_a_native_crash_in_a_pass(tmp_path: Path) -> No
     assert report["meta"]["isolation"] == "fork per pass"
     assert report["meta"]["failed_passes"]["memory"].startswith("killed by SIGSEGV")
     assert report["totals"]["flops_forward"] == 128  # 2 * 2 * 8 * 4
+
+
+def _started_beside(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A file each start of a pass beside the others writes to (the start happens in a
+    forked process of the chain, so a counter here would not see it)."""
+    import inspector.beside as beside
+
+    marks, start = tmp_path / "beside", beside._start
+
+    def marked(ctx, compute, prefix, needs):  # noqa: ANN001, ANN202
+        with open(marks, "a") as f:
+            f.write(prefix.rsplit(".", 1)[-1] + "\n")
+        return start(ctx, compute, prefix, needs)
+
+    monkeypatch.setattr(beside, "_start", marked)
+    return marks
+
+
+def _replace_beside(monkeypatch: pytest.MonkeyPatch, name: str, compute: object) -> None:
+    """Pass `name` computes with `compute`, in order and beside the others alike."""
+    from inspector.beside import Beside
+
+    _replace(monkeypatch, name, compute)
+    spec = analyze.BESIDE[name]
+    besides = {**analyze.BESIDE, name: Beside(spec.after, compute, spec.apply, spec.needs)}
+    monkeypatch.setattr(analyze, "BESIDE", besides)
+
+
+def _two_cores() -> bool:
+    from inspector.forkmap import _workers
+
+    return _workers(2) >= 2
+
+
+def test_passes_beside_give_the_report_in_order(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The measured step, the export checks and the compile pass start once the memory
+    pass is done and run beside gradients and modes (inspector/beside.py): the report
+    equals the in-process one, in which each ran in its place (and the export checks
+    compared with modes' eval run instead of their own). The export checks go beside
+    where real runs are the dear ones (not this MLP's): here as if they were."""
+    import inspector.passes.export as export
+
+    marks = _started_beside(monkeypatch, tmp_path)
+    monkeypatch.setattr(export, "fake_step_is_cheaper", lambda ctx: True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    passes = {"graph", "memory", "gradients", "modes", "export", "compile", "findings"}
+    try:
+        one = inspect_model(MLP, None, Options(passes=passes, isolate=False))
+        forked = inspect_model(MLP, None, Options(passes=passes, isolate=True))
+    finally:
+        torch.set_num_threads(threads)
+    if _two_cores():
+        assert marks.read_text().split() == ["measure", "export", "compile"]
+    assert forked.memory.measured is not None
+    assert forked.export.targets[0].ok and forked.export.targets[0].checked
+    # measured by torch's profiler beside the passes, as the estimate's tracker says
+    assert forked.memory.measured.saved_activation_bytes == forked.memory.saved_activation_bytes
+    assert forked.compile.computed and forked.compile.graph_count == 1
+    assert _comparable(forked) == _comparable(one)
+    # each in its place
+    stages = ["gradients", "modes", "export", "measure", "compile", "findings"]
+    assert list(forked.meta.timings_s)[-6:] == stages
+
+
+def test_a_crash_beside_costs_only_that_pass(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    marks = _started_beside(monkeypatch, tmp_path)
+    _replace_beside(monkeypatch, "compile", _segfault)
+    options = Options(passes={"graph", "memory", "gradients", "compile", "findings"}, isolate=True)
+    report = inspect_model(MLP, None, options)
+    if _two_cores():
+        assert marks.read_text().split() == ["measure", "compile"]
+    assert list(report.meta.failed_passes) == ["compile"]
+    assert report.meta.failed_passes["compile"].startswith("killed by SIGSEGV")
+    assert "_segfault (test_isolation.py:" in report.meta.failed_passes["compile"]
+    assert any("the compile pass crashed its process" in w for w in report.meta.warnings)
+    assert report.totals.flops_forward == 34_242_560
+    assert report.memory.train_peak_bytes > 0
+    assert report.gradients.computed and len(report.gradients.params) == 6
+
+
+def test_an_exception_beside_reaches_the_caller_as_itself(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    marks = _started_beside(monkeypatch, tmp_path)
+
+    def bad_input(ctx: object) -> None:
+        raise InputMismatchError("the inputs do not fit `fc`", hint="check --input")
+
+    _replace_beside(monkeypatch, "compile", bad_input)
+    options = Options(passes={"graph", "memory", "gradients", "compile"}, isolate=True)
+    with pytest.raises(InputMismatchError) as caught:
+        inspect_model(MLP, None, options)
+    if _two_cores():
+        assert marks.read_text().split() == ["measure", "compile"]
+    assert caught.value.hint == "check --input"
+    assert "bad_input" in str(caught.value.__cause__)
+
+
+def test_without_room_in_the_budget_the_passes_run_in_order(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Beside the others a pass takes its memory at the same time as they do: a job
+    budget (the service's MGI_JOB_MEMORY_BYTES) without room for the measured step and
+    this process's own training step keeps every pass in its place, the same report."""
+    from inspector.beside import MEMORY_ENV
+
+    marks = _started_beside(monkeypatch, tmp_path)
+    passes = {"graph", "memory", "gradients", "compile", "findings"}
+    monkeypatch.setenv(MEMORY_ENV, "1")  # one byte: no room for anything beside
+    report = inspect_model(MLP, None, Options(passes=passes, isolate=True))
+    assert not marks.exists()
+    assert report.memory.measured is not None and report.compile.computed
+    # room for a step here and one beside (these are MiB; the process holds more)
+    monkeypatch.setenv(MEMORY_ENV, str(64 << 30))
+    inspect_model(MLP, None, Options(passes=passes, isolate=True))
+    if _two_cores():
+        assert marks.read_text().split() == ["measure", "compile"]
+
+
+def test_the_export_checks_go_beside_only_where_real_runs_are_dear() -> None:
+    """Room for eager's kept outputs and the exported program's run (three inference
+    peaks), asked only where a real step costs more than a fake one: elsewhere the passes
+    after memory end before the export's tracing does, and it runs in its place."""
+    from types import SimpleNamespace
+
+    from inspector.passes import export
+
+    def ctx(rerun: float, forward: float) -> SimpleNamespace:
+        return SimpleNamespace(
+            fake_mode=None,
+            report=SimpleNamespace(memory=SimpleNamespace(forward_peak_bytes=1000)),
+            results=SimpleNamespace(
+                real_forward_seconds=forward,
+                memory=SimpleNamespace(rerun_cost=rerun, on_fake=True),
+            ),
+        )
+
+    assert export.needs(ctx(rerun=0.07, forward=0.2)) == 3000  # ResNet-18-like
+    assert export.needs(ctx(rerun=1.0, forward=0.02)) is None  # a deep, narrow stack

@@ -28,6 +28,7 @@ from inspector.memory.kernels.onednn_rnn import (
 from inspector.memory.measure import measure
 from inspector.memory.shadow import fake_inputs, fake_shadow, new_fake_mode, real_shadow
 from inspector.memory.step import StepOptions, forward_run, train_step
+from inspector.passes import measure as measure_pass
 from inspector.passes import memory as memory_pass
 from inspector.report import MeasuredMemory, Memory, Report
 from inspector.rules.memory import kernel_memory_unmodelled, memory_estimate_gap
@@ -430,6 +431,7 @@ def _pass(model: nn.Module, args: tuple, **options) -> Report:
         Report(),
     )  # fmt: skip
     memory_pass.run(ctx)
+    measure_pass.run(ctx)  # the estimate's real step, where `measure` asks for it
     return ctx.report
 
 
@@ -455,6 +457,7 @@ def test_a_gap_to_the_measurement_is_a_finding(monkeypatch):
     the measurement: the warning gives the gap and names the kernels."""
     model, (args, _) = make_rnn("lstm", batch=4, steps=20)
     report = _pass(model, args)
+    assert report.memory.measured is not None
     assert not list(memory_estimate_gap(None, report))
     for op in (aten.mkldnn_rnn_layer.default, aten.mkldnn_rnn_layer_backward.default):
         monkeypatch.setitem(registry.FORMULAS, op, lambda args, kwargs, out: None)  # unknown

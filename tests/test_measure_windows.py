@@ -68,3 +68,31 @@ def test_recording_allocations_only_measures_what_the_full_profile_does(monkeypa
     assert (
         short.saved_activation_bytes == full.saved_activation_bytes == (32 * 256 + 32 * 128) * F32
     )
+
+
+def test_a_block_from_an_earlier_recording_freed_during_the_step_is_not_the_steps() -> None:
+    """The profiler reports freeing a block any earlier recording in the process saw
+    allocated (here: a tensor the step's hook lets go, as the garbage collector lets go
+    of one an earlier test kept in a cycle); the step never had those bytes."""
+    from inspector.memory.measure import _allocations_recorded
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 8))
+    inputs = Inputs((torch.randn(32, 256),), {})
+    plain = measure(model, inputs, StepOptions(optimizer="sgd"))
+
+    kept = {}
+    with _allocations_recorded():
+        kept["old"] = torch.ones(10_000)  # 40,000 bytes, seen allocated by that recording
+
+    def let_go(module, args, output):  # noqa: ANN001, ANN202
+        if module.training:
+            kept.clear()
+
+    model[0].register_forward_hook(let_go)
+    freed = measure(model, inputs, StepOptions(optimizer="sgd"))
+    assert not kept
+    assert (freed.train_peak_bytes, freed.saved_activation_bytes) == (
+        plain.train_peak_bytes,
+        plain.saved_activation_bytes,
+    )

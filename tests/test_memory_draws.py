@@ -9,6 +9,7 @@ from torch import nn
 
 from inspector.context import Options
 from inspector.health.adhoc import context_for
+from inspector.passes import measure as measure_pass
 from inspector.passes import memory as memory_pass
 from inspector.rules.memory import memory_estimate_gap
 
@@ -50,6 +51,7 @@ def test_the_larger_of_two_draws_is_the_estimate_and_the_difference_is_said() ->
     assert (_kept(0), _kept(1)) == (2, 3)  # seed 1 runs one layer more
     ctx = _context(LayerDrop())
     memory_pass.run(ctx)
+    measure_pass.run(ctx)
     mem = ctx.report.memory
     assert set(mem.train_peak_by_seed) == {"0", "1"}
     assert mem.train_peak_by_seed["1"] > mem.train_peak_by_seed["0"]

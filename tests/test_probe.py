@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options
-from inspector.passes import memory, probe
+from inspector.passes import measure, memory, probe
 from inspector.report import Report
 
 USER_FILE = __file__
@@ -42,6 +42,7 @@ def _probed(model: nn.Module, batch: int = 512) -> Context:
     inputs = Inputs((torch.randn(batch, model.width),), {})
     ctx = Context(loaded, InputFactory(), inputs, Options(), Report())
     memory.run(ctx)
+    measure.run(ctx)
     model.real_calls = 0
     probe.run(ctx)
     return ctx

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map_only
 
+from inspector.graph.metamemo import MetaMemo
+
 __all__ = [
     "meta_like",
     "on_meta_device",
@@ -125,4 +127,7 @@ def run_on_meta(module: nn.Module, fn: Callable[[], Any]) -> Any:
         state["target." + name] = copies[id(t)]
     # every name is given (tied ones too): torch's tying would swap a module reached by
     # two paths twice, as above
-    return torch.func.functional_call(_Call(module, fn), state, (), strict=False, tie_weights=False)
+    with MetaMemo():
+        return torch.func.functional_call(
+            _Call(module, fn), state, (), strict=False, tie_weights=False
+        )

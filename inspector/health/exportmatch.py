@@ -85,7 +85,8 @@ class DynamicExport:
             ctx = self.ctx
             args, kwargs = tuple(ctx.inputs.args), dict(ctx.inputs.kwargs)
             try:
-                gm = export_graph(ctx.model, args, kwargs, dynamic=self.axes())[1]
+                axes = self.axes()  # run, never read: no node needs the line that made it
+                _, gm = export_graph(ctx.model, args, kwargs, dynamic=axes, stack_traces=False)
                 self._built = (gm, None)
             except Exception as exc:  # noqa: BLE001 - said where the program is run
                 self._built = (None, exc)

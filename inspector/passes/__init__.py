@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from inspector.context import Context
+from inspector.beside import Beside
+from inspector.context import Context, Options
 from inspector.passes import (
     distributed,
     dynamo,
@@ -15,6 +16,7 @@ from inspector.passes import (
     fitplan,
     gradients,
     graph,
+    measure,
     memory,
     modes,
     numerics,
@@ -34,10 +36,28 @@ PASSES: list[tuple[str, Pass]] = [
     ("modes", modes.run),  # train() vs eval(): mode-dependent modules, divergence, BatchNorm
     ("export", export.run),  # torch.export / TorchScript / ONNX readiness
     ("serving", serving.run),  # KV cache per token, prefill/decode peaks, sequences that fit
+    ("measure", measure.run),  # the memory estimate's real step, measured (with memory)
     ("probe", probe.run),  # loss inputs (softmax before CE...), parameters made in forward
     ("compile", dynamo.run),  # torch.compile readiness: Dynamo graphs, breaks, recompiles
     ("findings", findings.run),  # lint rules over every section: keep LAST
 ]
+
+# Passes asked for with another: `--passes memory` measures the estimate too.
+ASKED_WITH = {"measure": "memory"}
+
+
+def wanted(name: str, options: Options) -> bool:
+    """Whether the options ask for pass `name`."""
+    return options.wants(ASKED_WITH.get(name, name))
+
+
+# Passes that can run beside the others (inspector/beside.py): they start once the pass
+# named is done (everything they read is there) and are put in the report in their place.
+BESIDE: dict[str, Beside] = {
+    "measure": Beside("memory", measure.compute, measure.apply, measure.needs),
+    "export": Beside("memory", export.compute, export.apply, export.needs),
+    "compile": Beside("memory", dynamo.compute, dynamo.apply, dynamo.needs),
+}
 
 # Passes that need values: on fake tensors they only say they were skipped.
 _VALUE_PASSES = frozenset({"gradients", "numerics", "modes", "export"})
@@ -56,4 +76,6 @@ def runs_model(name: str, ctx: Context) -> bool:
         return bool(ctx.options.parallel)
     if name == "fitplan":
         return fitplan.wanted(ctx)
+    if name == "measure":
+        return measure.wanted(ctx)
     return True

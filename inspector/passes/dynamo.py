@@ -7,10 +7,11 @@ fake tensors is checked without allocating it (its graphs and breaks are those o
 model). A break on a tensor's value (`.item()`, `.tolist()`) is found, but the Python that
 runs after it has no value to go on with: the check stops there and says so.
 
-A real model whose fake training step cost less than its real one (the memory pass timed
-both) is checked on a fake copy the same way, which spares its graphs' real forward
-(GPT-2 small at [4, 512]: 18 s to 3.5 s); where the copy stops on a value, the model
-itself is checked. On 48 zoo models both gave the same graphs, breaks and guards.
+A real model whose fake training step costs less than its real one (the memory pass timed
+the first, the inputs-fit check a real forward) is checked on a fake copy the same way,
+which spares its graphs' real forward (GPT-2 small at [4, 512]: 18 s to 3.5 s); where the
+copy stops on a value, the model itself is checked. On 48 zoo models both gave the same
+graphs, breaks and guards.
 """
 
 from __future__ import annotations
@@ -30,21 +31,30 @@ from inspector.fakevalues import new_fake_mode
 from inspector.graph.symdims import perturbed_value
 from inspector.health.state import preserved
 from inspector.memory.shadow import fake_inputs, fake_shadow
+from inspector.realcost import fake_step_is_cheaper
 from inspector.report import Compile, Recompile
 
-__all__ = ["run"]
+__all__ = ["run", "compute", "apply", "needs"]
+
+_fake_is_cheaper = fake_step_is_cheaper  # a name of this module's: tests replace it
 
 
 def run(ctx: Context) -> None:
     """Fill `report.compile`."""
+    apply(ctx, compute(ctx))
+
+
+def compute(ctx: Context) -> Compile:
+    """The section, from the model and the memory pass's timings alone (so it can run
+    beside the passes after memory: inspector/beside.py)."""
     start = time.perf_counter()
-    ctx.report.compile = section = Compile(mode="train" if ctx.model.training else "eval")
+    section = Compile(mode="train" if ctx.model.training else "eval")
     if ctx.options.compile == "none":
         section.skipped = "not asked for (--compile none)"
-        return
+        return section
     if ctx.loaded.source_kind == "torchscript":
         section.skipped = "a TorchScript model is not compiled with torch.compile"
-        return
+        return section
     moved = {name: perturbed_value(value) for name, value in ctx.inputs.dims.items()}
     count_all = ctx.options.compile == "all"
     out: Checked | BaseException | None = None
@@ -59,6 +69,24 @@ def run(ctx: Context) -> None:
     else:
         _fill(section, out, ctx, moved)
     section.seconds = round(time.perf_counter() - start, 3)
+    return section
+
+
+def needs(ctx: Context) -> int | None:
+    """Bytes the check takes at most: the model's graphs run eagerly, forward only, on
+    the real inputs: the activations the estimate saves, and its inference forward's
+    peak on top. On a fake copy (where that is cheaper) nothing real is allocated but
+    the inputs at other dims: an inference forward's peak is room enough."""
+    mem = ctx.report.memory
+    if mem.saved_activation_bytes is None or mem.forward_peak_bytes is None:
+        return None
+    if ctx.fake_mode is None and _fake_is_cheaper(ctx):
+        return mem.forward_peak_bytes
+    return mem.saved_activation_bytes + mem.forward_peak_bytes
+
+
+def apply(ctx: Context, section: Compile) -> None:
+    ctx.report.compile = section
 
 
 def _checked(
@@ -74,16 +102,6 @@ def _checked(
             return check(model, base, _changed(ctx, moved), count_all=count_all)
         except Exception as exc:  # noqa: BLE001 - the caller reports it
             return exc
-
-
-def _fake_is_cheaper(ctx: Context) -> bool:
-    """Whether the memory pass found a fake training step cheaper than the real one: then
-    Dynamo's run of the model (its graphs, run eagerly) costs less on fake tensors, and
-    its graphs and breaks are the same."""
-    measured, estimated = ctx.results.memory_measured, ctx.results.memory
-    if measured is None or estimated is None or not estimated.on_fake:
-        return False
-    return estimated.rerun_cost < measured.step_seconds
 
 
 def _complete(out: Checked | BaseException) -> bool:

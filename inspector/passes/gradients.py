@@ -12,7 +12,7 @@ from inspector.detection import training_inputs
 from inspector.health.backprop import AutogradGraph, BackwardRun, backward_once
 from inspector.health.gradrows import layer_rows, module_grad_norms, param_rows
 from inspector.health.nodegrads import ExpectedLoss, LossDiverged, NodeGrads, node_grads
-from inspector.health.outputs import LossOutput
+from inspector.health.outputs import LossOutput, directions_kept
 from inspector.health.state import preserved
 from inspector.health.thresholds import GRADIENT_KEYS, resolve
 from inspector.passes.modes import TrainRecorder, shares_train_forward
@@ -32,7 +32,7 @@ def run(ctx: Context) -> None:
         section.computed, section.error = False, FAKE_NOTE
         return
     inputs = ctx.inputs
-    with preserved(ctx.model), training_inputs(ctx, "gradients"):
+    with preserved(ctx.model), training_inputs(ctx, "gradients"), directions_kept():
         # the forward is modes' train() run too, when the model trains as it stands
         recorder = TrainRecorder() if ctx.inputs is inputs and shares_train_forward(ctx) else None
         # the replay is the forward numerics would run, when the inputs are the sample's

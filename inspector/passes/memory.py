@@ -1,31 +1,28 @@
-"""Memory pass: static memory, saved activations, peaks, timeline, batch scaling, advice,
-and (real runs) the measured peak. See `inspector.memory` for how each figure is made."""
+"""Memory pass: static memory, saved activations, peaks, timeline, batch scaling and
+advice. See `inspector.memory` for how each figure is made; the real step that measures
+the estimate is the measure pass's (inspector/passes/measure.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
-from inspector.context import Context, Inputs
+from inspector.context import Context
 from inspector.detection import training_inputs
-from inspector.fakevalues import new_fake_mode
-from inspector.forkmap import fork_map_if_slow
-from inspector.graph.exportcapture import WRAPPED, flat_tensors
-from inspector.graph.fxcapture import FLAT_INPUTS
 from inspector.memory import advice, scaling, setups
-from inspector.memory.analysis import Analysis, analyse, batch_runs, fb_peak, rerun
-from inspector.memory.checkpointing import run_checkpointed
-from inspector.memory.measure import measure, relative_error
+from inspector.memory.analysis import Analysis, analyse, fb_peak
+from inspector.memory.independent import (
+    Runs,
+    checkpoint_groups,
+    checkpoint_key,
+    run_independent,
+)
 from inspector.memory.namedblocks import current_patterns
-from inspector.memory.nodes import node_memory
 from inspector.memory.optimizer import optimizer_state_bytes
-from inspector.memory.shadow import fake_shadow
 from inspector.memory.step import unique_tensors
 from inspector.memory.timeline import downsample
-from inspector.report import BatchPoint, MeasuredMemory, Memory
-from inspector.results import AutocastStep
+from inspector.report import BatchPoint, Memory
 from inspector.units import ACCELERATOR_BUDGETS
 
 __all__ = ["run", "MEANINGFUL_SHARE"]
@@ -60,9 +57,10 @@ def _run(ctx: Context) -> None:
     # a bf16 model without autocast computes in bf16: say so, not "float32"
     mem.activation_dtype = _activation_dtype(ctx.options.dtype, mem.param_dtype)
     _peaks(mem, a)
+    runs = run_independent(ctx, a)  # side by side: inspector/memory/independent.py
     for name, part in _PARTS:
         try:
-            part(ctx, mem, a)
+            part(ctx, mem, a, runs)
         except Exception as exc:  # one part failing keeps the rest of the section
             _warn(ctx, f"memory {name}: {type(exc).__name__}: {_first_line(exc)}")
 
@@ -111,11 +109,10 @@ def _peaks(mem: Memory, a: Analysis) -> None:
     mem.unmodelled_kernel_ops = sorted(a.train.unmodelled | inference_only)
 
 
-def _nodes(ctx: Context, mem: Memory, a: Analysis) -> None:
+def _nodes(ctx: Context, mem: Memory, a: Analysis, runs: Runs) -> None:
     """Per node: saved bytes and live activation bytes after it."""
-    gm = ctx.capture.graph_module if ctx.capture is not None else None
-    if gm is not None and a.on_fake:
-        per = node_memory(fake_shadow(gm, a.opts.fake_mode), _graph_inputs(ctx, a), a.opts)
+    if runs.has("nodes"):  # the captured graph, run node by node on fake tensors
+        per = runs.get("nodes")
         saved, live = per.saved_bytes, per.live_after
         for node in ctx.report.nodes:
             node.saved_bytes = saved.get(node.name, 0)
@@ -129,27 +126,17 @@ def _nodes(ctx: Context, mem: Memory, a: Analysis) -> None:
             node.live_bytes_after = live.get(node.module_path)
 
 
-def _graph_inputs(ctx: Context, a: Analysis) -> Inputs:
-    """The captured graph's own calling convention: an export of the flattening wrapper
-    takes the input tensors positionally."""
-    gm = ctx.capture.graph_module
-    flat = gm is not None and gm.meta.get(FLAT_INPUTS)  # an fx trace of the same wrapper
-    if flat or (ctx.capture.method == "export" and ctx.capture.strip == WRAPPED):
-        return Inputs(args=tuple(flat_tensors(a.inputs.args, a.inputs.kwargs)))
-    return a.inputs
-
-
-def _modules(ctx: Context, mem: Memory, a: Analysis) -> None:
+def _modules(ctx: Context, mem: Memory, a: Analysis, runs: Runs) -> None:
     subtree = advice.subtree_bytes(a.train.saved_by_label)
     for module in ctx.report.modules:
         module.saved_activation_bytes = subtree.get(module.path, 0)
 
 
-def _batch(ctx: Context, mem: Memory, a: Analysis) -> None:
+def _batch(ctx: Context, mem: Memory, a: Analysis, planned: Runs) -> None:
     if not a.on_fake:
         _warn(ctx, "memory: batch scaling needs fake tensors; skipped")
         return
-    runs = batch_runs(ctx, a)
+    runs, _ = planned.get("batch")
     if not runs:
         return
     name, _ = scaling.batch_size_of(ctx.factory, ctx.inputs)
@@ -178,20 +165,18 @@ def _batch(ctx: Context, mem: Memory, a: Analysis) -> None:
     mem.max_batch = {str(b): scaling.max_batch(lines, b) for b in budgets}
 
 
-def _advice(ctx: Context, mem: Memory, a: Analysis) -> None:
+def _advice(ctx: Context, mem: Memory, a: Analysis, runs: Runs) -> None:
     """Checkpointing and bf16 advice, each run on fake tensors and quoted as measured;
     advice that saves under 1% of the training-step peak is left out."""
     min_bytes = int(MEANINGFUL_SHARE * a.train.peak_bytes)
     mem.blocks = [path for path, _ in advice.blocks(a.model) if path]
     mem.named_blocks = list(current_patterns())
-    savings = advice.block_savings(a.model, a.train.saved, a.train.module_outputs)
-    checked, every = _check_checkpoints(ctx, a, savings)
+    savings = runs.savings.get()
+    checked, every = _check_checkpoints(ctx, a, savings, runs)
     mem.advice = advice.checkpoint_advice(savings, checked, every, min_bytes)
-    float32 = any(p.dtype == torch.float32 for p in ctx.model.parameters())
-    if a.opts.autocast is None and float32 and a.on_fake:
-        bf16 = rerun(a, a.inputs, autocast=torch.bfloat16)
-        peak = max(fb_peak(bf16), a.train.phase_peaks.get("optimizer", 0))
-        ctx.results.memory_bf16 = AutocastStep(bf16.saved_bytes, fb_peak(bf16))
+    if runs.has("bf16"):
+        bf16 = ctx.results.memory_bf16 = runs.get("bf16")
+        peak = max(bf16.fb_peak_bytes, a.train.phase_peaks.get("optimizer", 0))
         if a.train.peak_bytes - peak >= min_bytes:
             mem.advice.append(
                 advice.autocast_advice(
@@ -201,42 +186,22 @@ def _advice(ctx: Context, mem: Memory, a: Analysis) -> None:
 
 
 def _check_checkpoints(
-    ctx: Context, a: Analysis, savings: list[tuple[int, str, str]]
+    ctx: Context, a: Analysis, savings: list[tuple[int, str, str]], runs: Runs
 ) -> tuple[dict[str, advice.Checked], advice.Checked | None]:
-    """Run the advised checkpointing on fake tensors: each advised block (one per group of
-    same-type blocks with the same predicted saving) and every block at once."""
+    """The advised checkpointing, run on fake tensors (inspector/memory/independent.py):
+    each advised block (one run per group of same-type blocks with the same predicted
+    saving) and every block at once."""
     if not a.on_fake or not savings:
         return {}, None
-    # one run per group of same-type blocks with the same predicted saving, and every
-    # block at once: independent fake steps, side by side where each is slow enough
-    firsts: dict[tuple[str, int], str] = {}
-    for predicted, path, kind in savings[: advice.TOP]:
-        firsts.setdefault((kind, predicted), path)
-    runs: list[tuple[list[str], str]] = [([path], path) for path in firsts.values()]
-    if len(savings) > 1:
-        runs.append(([path for _, path, _ in savings], ""))
-    # the first step paid the cold start (first fake dispatches); a rerun is what each
-    # of these costs
-    done = fork_map_if_slow(lambda run: _checked(a, *run), runs, a.rerun_cost)
-    ran = dict(zip(firsts, done, strict=False))
-    checked = {path: ran[kind, predicted] for predicted, path, kind in savings[: advice.TOP]}
-    every = done[-1] if len(savings) > 1 else None
+    groups = checkpoint_groups(savings)
+    checked = {path: runs.get(checkpoint_key(on)) for path, on in groups.items()}
+    every = runs.get(checkpoint_key("")) if len(savings) > 1 else None
     ctx.results.memory_checkpointed = every
     return checked, every
 
 
-def _checked(a: Analysis, paths: list[str], on: str) -> advice.Checked:
-    run = run_checkpointed(a, paths)
-    return advice.Checked(
-        run.saving(a.train), run.saved_bytes, run.fb_peak_bytes, run.peak_bytes, on
-    )
-
-
-def _setups(ctx: Context, mem: Memory, a: Analysis) -> None:
+def _setups(ctx: Context, mem: Memory, a: Analysis, runs: Runs) -> None:
     """The same model under the other optimizers, bf16 autocast and checkpointing."""
-    trainable = [p for p in unique_tensors(a.model.parameters()) if p.requires_grad]
-    names = sorted(set(setups.COMPARED_OPTIMIZERS) | {ctx.options.optimizer})
-    mode = a.opts.fake_mode or new_fake_mode()
     blocks = [x.saving_bytes for x in mem.advice if x.kind == "checkpoint"]
     every = next((x.saving_bytes for x in mem.advice if x.kind == "checkpoint-all"), 0)
     bf16, run = ctx.results.memory_bf16, ctx.results.memory_checkpointed
@@ -250,7 +215,7 @@ def _setups(ctx: Context, mem: Memory, a: Analysis) -> None:
             grad_bytes=t.grad_bytes,
             saved_bytes=t.saved_bytes,
             fb_peak_bytes=fb_peak(t),
-            step=setups.step_costs(trainable, names, mode),
+            step=runs.get("step costs"),
             bf16_saved_bytes=bf16.saved_bytes if bf16 else None,
             bf16_fb_peak_bytes=bf16.fb_peak_bytes if bf16 else None,
             checkpoint_saving_bytes=every,
@@ -269,34 +234,10 @@ def _activation_dtype(autocast: str, param_dtype: str | None) -> str:
     return autocast
 
 
-def _measured(ctx: Context, mem: Memory, a: Analysis) -> None:
-    if ctx.options.fake or not ctx.options.measure:
-        return
-    m = measure(ctx.model, ctx.inputs, a.opts if not a.on_fake else _real(a))
-    mem.measured = MeasuredMemory(
-        method=m.method,
-        device=m.device,
-        train_peak_bytes=m.train_peak_bytes,
-        saved_activation_bytes=m.saved_activation_bytes,
-        forward_peak_bytes=m.forward_peak_bytes,
-        train_peak_error=relative_error(mem.train_peak_bytes, m.train_peak_bytes),
-        saved_activation_error=relative_error(mem.saved_activation_bytes, m.saved_activation_bytes),
-        forward_peak_error=relative_error(mem.forward_peak_bytes, m.forward_peak_bytes),
-    )
-    ctx.results.memory_measured = m
-
-
-def _real(a: Analysis) -> Any:
-    from dataclasses import replace
-
-    return replace(a.opts, fake_mode=None)
-
-
-_PARTS: list[tuple[str, Callable[[Context, Memory, Analysis], None]]] = [
+_PARTS: list[tuple[str, Callable[[Context, Memory, Analysis, Runs], None]]] = [
     ("per node", _nodes),
     ("per module", _modules),
     ("batch scaling", _batch),
     ("advice", _advice),
     ("set-ups", _setups),
-    ("measurement", _measured),
 ]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inspector.beside import MEMORY_ENV
 from inspector.zygote import wire
 from server.sandbox.bwrap import child_env, inspector_root, zygote_bwrap_argv
 from server.sandbox.limits import Limits, priority_prefix
@@ -61,6 +62,7 @@ class Zygote:
         try:
             env = child_env(inspector_root(), threads=job_threads())
             env["OPENBLAS_NUM_THREADS"] = "1"  # numpy's BLAS pool would be a thread at fork
+            env[MEMORY_ENV] = str(limits.memory_bytes)  # what runs beside the passes fits in it
             command = [sys.executable, "-m", "inspector.zygote", str(theirs.fileno()), str(job_fd)]
             inner = zygote_bwrap_argv(
                 jobs_root, command, env=env, seccomp_fd=setup_fd, tmp_bytes=limits.tmp_bytes,

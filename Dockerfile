@@ -13,7 +13,7 @@ RUN apt-get update \
 # Jobs run as this user inside the sandbox; the worker itself runs as it too.
 RUN useradd --create-home --uid 10001 inspector
 WORKDIR /app
-COPY pyproject.toml README.md alembic.ini ./
+COPY pyproject.toml README.md alembic.ini constraints.txt ./
 COPY inspector ./inspector
 COPY server ./server
 COPY migrations ./migrations
@@ -21,7 +21,7 @@ COPY templates ./templates
 COPY static ./static
 # Editable: the server finds migrations/, templates/ and static/ next to its package.
 RUN pip install --no-cache-dir $TORCH_SPEC \
- && pip install --no-cache-dir -e ".[postgres,redis,sandbox,hf,models,export]" $TORCH_SPEC
+ && pip install --no-cache-dir -c constraints.txt -e ".[postgres,redis,sandbox,hf,models,export]" $TORCH_SPEC
 
 # The shared data volume: a named volume copies this directory's owner on first use.
 RUN mkdir /data && chown inspector:inspector /data

@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # The CPU build: a plain `torch` would pull a multi-GB CUDA build. Override for GPU hosts.
 TORCH_SPEC ?= torch==2.13.0
+# The tested versions of everything else (see its header); `CONSTRAINTS=` installs the newest.
+CONSTRAINTS ?= constraints.txt
+PIN := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 HOST ?= 127.0.0.1
@@ -17,13 +20,13 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-$(STAMP_RUN): pyproject.toml | $(PY)
+$(STAMP_RUN): pyproject.toml $(CONSTRAINTS) | $(PY)
 	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[postgres,redis,sandbox,hf,models]" "$(TORCH_SPEC)"
+	$(PIP) install -q $(PIN) -e ".[postgres,redis,sandbox,hf,models]" "$(TORCH_SPEC)"
 	touch $@
 
 $(STAMP_TEST): pyproject.toml $(STAMP_RUN)
-	$(PIP) install -q -e ".[test]" "$(TORCH_SPEC)"
+	$(PIP) install -q $(PIN) -e ".[test]" "$(TORCH_SPEC)"
 	touch $@
 
 install: $(STAMP_RUN) system-deps

@@ -21,6 +21,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
+from inspector.fakenew import FakeMaker
 from inspector.graph.metamemo import PLAIN_ARGUMENTS, flat_arguments, makes_new_tensors
 
 __all__ = ["FakeMemo"]
@@ -31,8 +32,11 @@ _Spec = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device]
 class FakeMemo:
     """Per fake mode: op and argument metadata -> (one tensor?, each output's spec)."""
 
-    def __init__(self, mode: FakeTensorMode, has_value: Any) -> None:
+    def __init__(
+        self, mode: FakeTensorMode, has_value: Any, maker: FakeMaker | None = None
+    ) -> None:
         self.mode = mode
+        self.maker = maker or FakeMaker(mode)
         self.has_value = has_value  # t -> whether it carries a real value
         self.outputs: dict[tuple, tuple[bool, tuple[_Spec, ...]]] = {}
         self.hits = 0
@@ -83,9 +87,8 @@ class FakeMemo:
                 torch.empty_strided(shape, stride, dtype=dtype, device="meta")
                 for shape, stride, dtype, _ in specs
             ]
-        outs = tuple(
-            FakeTensor(self.mode, meta, spec[3]) for meta, spec in zip(metas, specs, strict=True)
-        )
+        new = self.maker.new
+        outs = tuple(new(meta, spec[3]) for meta, spec in zip(metas, specs, strict=True))
         return outs[0] if one else outs
 
     def remember(self, key: tuple, args: tuple, kwargs: dict, out: Any) -> None:

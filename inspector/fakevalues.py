@@ -40,6 +40,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from inspector.fakekernels import Widening, remember_refusal, standins, widening_for
 from inspector.fakememo import FakeMemo
+from inspector.fakenew import FakeMaker
 from inspector.fakeviews import PLAIN_VIEWS, plain_view
 
 __all__ = [
@@ -105,7 +106,8 @@ class ValuedFakeTensorMode(FakeTensorMode):
     def __init__(self) -> None:
         super().__init__(allow_non_fake_inputs=True)
         self.valued = WeakTensorKeyDictionary()  # the fakes with values, for aliases
-        self.memo = FakeMemo(self, has_value)
+        self.maker = FakeMaker(self)  # new fake tensors for the views and the memo
+        self.memo = FakeMemo(self, has_value, self.maker)
 
     def __enter__(self) -> ValuedFakeTensorMode:
         _teach_transformers()
@@ -114,7 +116,7 @@ class ValuedFakeTensorMode(FakeTensorMode):
     def dispatch(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN201 - torch's
         kwargs = kwargs or {}
         if func in PLAIN_VIEWS:
-            out = plain_view(self, func, args, kwargs, has_value)
+            out = plain_view(self.maker, func, args, kwargs, has_value)
             if out is not None:
                 return out
         widening = widening_for(func, args, kwargs)

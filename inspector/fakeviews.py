@@ -18,7 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
+from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+
+from inspector.fakenew import FakeMaker
 
 __all__ = ["PLAIN_VIEWS", "plain_view"]
 
@@ -33,10 +35,11 @@ PLAIN_VIEWS = frozenset({
 
 
 def plain_view(
-    mode: FakeTensorMode, func: Any, args: tuple, kwargs: dict, has_value: Any
+    maker: FakeMaker, func: Any, args: tuple, kwargs: dict, has_value: Any
 ) -> FakeTensor | None:
-    """`func(*args)` (one of PLAIN_VIEWS) as a fake tensor of `mode`, or None where the
-    fake mode's own dispatch must make it. `has_value(t)`: t carries a real value."""
+    """`func(*args)` (one of PLAIN_VIEWS) as a fake tensor of `maker`'s mode, or None where
+    the fake mode's own dispatch must make it. `has_value(t)`: t carries a real value."""
+    mode = maker.mode
     if kwargs or mode.shape_env is not None or getattr(mode, "propagate_real_tensors", False):
         return None
     source = args[0]
@@ -52,4 +55,4 @@ def plain_view(
             return None
     with in_kernel_invocation_manager(mode):
         out = func(*args)
-    return FakeTensor(mode, out, source.fake_device)
+    return maker.new(out, source.fake_device)

@@ -20,7 +20,7 @@ DEFAULT_STAGE_SECONDS: dict[str, float] = {
     "capture": 0.5,
     "graph": 0.2,
     "memory": 3.4,  # the estimate's fake steps
-    "measure": 0.3,  # its real step, measured: mostly beside the passes after graph
+    "measure": 0.3,  # its real step, measured: mostly beside the passes after memory
     "gradients": 3.0,  # its replay is numerics' forward too
     "numerics": 0.1,  # its own forward only where the gradients' replay could not serve
     "modes": 1.2,

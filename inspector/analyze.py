@@ -16,6 +16,7 @@ from inspector.capture import capture_graph
 from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options
 from inspector.fakevalues import new_fake_mode
 from inspector.fit import check_inputs_fit, fake_train_limit
+from inspector.graph.tensors import tensor_leaves
 from inspector.inputspec import parse_input
 from inspector.isolation import isolation_mode, run_passes
 from inspector.loaders.compiled import compiled_note, unwrap_compiled
@@ -77,7 +78,9 @@ def inspect_model(
 
     notify("load", plan.percent("load"))
     with _timed(timings, "load"):
-        loaded, factory, inputs, limit, forward_s = _load(model, input, options, fake_mode, report)
+        loaded, factory, inputs, limit, forward_s, kept = _load(
+            model, input, options, fake_mode, report
+        )
         if limit is not None and fake_mode is not None and needs_values(limit):
             real, note = real_copy_decision(limit, loaded.model)
             report.meta.warnings.append(note)
@@ -85,7 +88,9 @@ def inspect_model(
                 fake_mode = None
                 options.fake = report.meta.fake = False  # meta.options keeps what was asked
                 torch.manual_seed(options.seed)  # the same weights as a run without --fake
-                loaded, factory, inputs, _, forward_s = _load(model, input, options, None, report)
+                loaded, factory, inputs, _, forward_s, kept = _load(
+                    model, input, options, None, report
+                )
     report.meta.source_kind = loaded.source_kind
     report.meta.source_name = loaded.source_name
     report.meta.source_sha256 = loaded.sha256
@@ -97,6 +102,7 @@ def inspect_model(
 
     ctx = Context(loaded, factory, inputs, options, report, fake_mode=fake_mode)
     ctx.results.real_forward_seconds = forward_s if fake_mode is None else None
+    ctx.results.eval_output = kept
     notify("capture", plan.percent("capture"))
     with _timed(timings, "capture"):
         ctx.capture = capture_graph(ctx)
@@ -112,23 +118,46 @@ def inspect_model(
 
 def _load(
     model: str, input: str | None, options: Options, fake_mode: Any, report: Report
-) -> tuple[LoadedModel, InputFactory, Inputs, BaseException | None, float]:
+) -> tuple[LoadedModel, InputFactory, Inputs, BaseException | None, float, Any]:
     """The model, its input factory and inputs, checked against each other; what a fake
-    forward could not do (an op that needs values), if anything; the check's seconds."""
+    forward could not do (an op that needs values), if anything; the check's seconds; the
+    check's (inputs, output), where the export checks will compare with it."""
     loaded = load_model(model, fake_mode=fake_mode, device=options.device)
     loaded.model, compiled = unwrap_compiled(loaded.model)
     if compiled and compiled_note(compiled) not in report.meta.warnings:  # once, if reloaded
         report.meta.warnings.append(compiled_note(compiled))
     factory = parse_input(input, loaded)
+    kept: list[Any] = []
     with fake_mode or nullcontext():
         inputs = factory.build(device=options.device)
-        # Name the layer that rejects the inputs before any pass trips over them.
+        # Name the layer that rejects the inputs before any pass trips over them. It is
+        # the seeded eval() forward the export checks compare with: kept, where small.
+        keep = (lambda output: kept.extend(_small_copy(output))) if _keeps(options) else None
         start = time.perf_counter()
-        limit = check_inputs_fit(loaded.model, inputs, loaded.user_files)
+        seed = options.seed if keep is not None else None
+        limit = check_inputs_fit(loaded.model, inputs, loaded.user_files, seed, keep)
         seconds = time.perf_counter() - start
         if limit is None and fake_mode is not None:  # training may branch on values too
             limit = fake_train_limit(loaded.model, inputs)
-    return loaded, factory, inputs, limit, seconds
+    return loaded, factory, inputs, limit, seconds, (inputs, kept[0]) if kept else None
+
+
+# The check's output is kept for the export checks through every pass: held only when it
+# is small next to a forward's activations (a classifier's logits, not an LM's).
+_KEPT_OUTPUT_BYTES = 64 << 20
+
+
+def _keeps(options: Options) -> bool:
+    return not options.fake and options.export != "none" and options.wants("export")
+
+
+def _small_copy(output: Any) -> list[list[torch.Tensor]]:
+    """[the output's float tensors, copied] where they are small, else []: copies, as a
+    model may update a tensor it returned in place on its next call (a static KV cache)."""
+    floats = [t.detach() for t in tensor_leaves(output) if t.is_floating_point()]
+    if sum(t.numel() * t.element_size() for t in floats) > _KEPT_OUTPUT_BYTES:
+        return []
+    return [[t.clone() for t in floats]]
 
 
 def _run_passes(ctx: Context, notify, plan: StagePlan) -> None:  # noqa: ANN001 - progress

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,11 @@ __all__ = ["check_inputs_fit", "fake_train_limit", "describe_tensors", "expectat
 
 
 def check_inputs_fit(
-    model: nn.Module, inputs: Inputs, user_files: list[str]
+    model: nn.Module,
+    inputs: Inputs,
+    user_files: list[str],
+    seed: int | None = None,
+    keep: Callable[[Any], None] | None = None,
 ) -> BaseException | None:
     """Run one forward under no_grad; raise InputMismatchError (the inputs do not fit a
     layer) or UserCodeError (the user's code raised). Works on real and fake tensors.
@@ -39,14 +44,20 @@ def check_inputs_fit(
     Buffers (BatchNorm statistics) are restored afterwards, so the check leaves no trace.
     It runs in eval mode: a train-mode-only failure (BatchNorm on one value per channel)
     is not a shape mismatch, and the modes pass reports it as a finding.
+
+    With `seed`, the forward runs just after `torch.manual_seed(seed)`, and the random
+    generators are as they were afterwards: it is then the seeded eval() forward other
+    passes run, and `keep` receives its output.
     """
     tracker = _Tracker(model)
     saved = {name: b.clone() for name, b in model.named_buffers()}
     training = {m: m.training for m in model.modules()}
     model.eval()
     try:
-        with torch.no_grad(), tracker:
-            inputs.call(model)
+        with torch.no_grad(), tracker, _seeded(seed):
+            output = inputs.call(model)
+            if keep is not None:
+                keep(output)
     except Exception as exc:
         if _fake_only(exc):
             return exc
@@ -56,6 +67,17 @@ def check_inputs_fit(
         for module, mode in training.items():
             module.training = mode
     return None
+
+
+@contextmanager
+def _seeded(seed: int | None) -> Iterator[None]:
+    if seed is None:
+        yield
+        return
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
 
 
 def fake_train_limit(model: nn.Module, inputs: Inputs) -> BaseException | None:

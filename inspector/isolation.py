@@ -201,8 +201,7 @@ def _hold_line(
                 started = line.started.pop(name)
                 status = beside.collect(ctx, started, line.besides[name])
             if status is not None:
-                seconds = time.perf_counter() - started.began
-                _record_failure(ctx, name, status, started.trace_path, seconds)
+                _record_failure(ctx, name, status, started.trace_path, started.seconds or 0.0)
             continue
         if not forked:  # it cannot crash natively: no fork's cost
             notify(name, percent)

@@ -66,6 +66,7 @@ class PassResults:
     # passes/modes.py: BatchNorm inputs of the train() forward, by module path
     batchnorm_inputs: dict[str, BatchNormInput] = field(default_factory=dict)
     modes_internal: bool = False  # passes/modes.py: its error is the inspector's own
-    # passes/modes.py: (inputs, output) of its eval() run at the report's seed, no grad:
-    # the eager output the export checks compare with on the sample
+    # (inputs, output) of an eval() run at the report's seed, no grad: the eager output
+    # the export checks compare with on the sample. The load's input check (small outputs
+    # only: inspector/analyze.py), then passes/modes.py's eval() run.
     eval_output: tuple[Any, Any] | None = None

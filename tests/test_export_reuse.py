@@ -186,3 +186,71 @@ def test_eager_outputs_kept_do_not_follow_the_models_next_call() -> None:
     assert torch.equal(kept, ctx.inputs.args[0][:, :4] * 2.0)
     model(torch.ones(3, 8))  # the next call writes over the buffer it returned
     assert torch.equal(kept, ctx.inputs.args[0][:, :4] * 2.0)
+
+
+class DrawsInEval(nn.Module):
+    """Adds a random draw in eval() too: its eval output is the seeded one only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) + torch.rand(4)
+
+
+_SPEC = '{"x": {"shape": ["B", 8]}, "dims": {"B": 6}}'
+
+
+def test_the_load_check_is_the_seeded_eval_run_the_export_checks_compare_with() -> None:
+    """The input check's eval() forward (inspector/analyze.py) is kept for the export
+    checks: run beside the others they would not have the modes pass's."""
+    from inspector.analyze import _load
+    from inspector.fit import check_inputs_fit
+
+    options = Options(seed=7)
+    loaded, _, inputs, _, _, kept = _load(
+        "tests/test_export_reuse.py:DrawsInEval", _SPEC, options, None, Report()
+    )
+    assert kept[0] is inputs
+    with torch.no_grad():  # the independent answer: the seeded eval forward by hand
+        torch.manual_seed(7)
+        expected = inputs.call(loaded.model.eval())
+    assert torch.equal(kept[1][0], expected)
+    ctx = Context(loaded, InputFactory(), inputs, options, Report())
+    ctx.results.eval_output = kept
+    assert torch.equal(EagerOutputs(ctx).of(inputs)[0], expected)
+    # the seeded check leaves the generator as it found it: its draw was in a fork
+    state, outputs = torch.get_rng_state(), []
+    check_inputs_fit(loaded.model, inputs, [], 7, outputs.append)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(outputs[0], expected)
+
+
+def test_the_load_check_runs_the_sample_once_for_the_export_pass() -> None:
+    from inspector.analyze import _load
+
+    loaded, factory, inputs, _, _, kept = _load(
+        "tests/test_export_reuse.py:Counted", _SPEC, Options(), None, Report()
+    )
+    model = loaded.model
+    assert model.calls == 1  # the check
+    ctx = Context(loaded, factory, inputs, Options(), Report())
+    ctx.results.eval_output = kept
+    export.run(ctx)
+    assert model.calls == 2  # eager at B=3 only: the sample's is the check's
+    nonstrict = ctx.report.export.targets[0]
+    assert nonstrict.checked == ["sample", "B=3"] and nonstrict.max_abs_diff < 1e-6
+
+
+def test_large_or_unwanted_check_outputs_are_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    import inspector.analyze as analyze
+
+    ref = "tests/test_export_reuse.py:Counted"
+    assert analyze._load(ref, _SPEC, Options(export="none"), None, Report())[5] is None
+    assert analyze._load(ref, _SPEC, Options(passes={"graph"}), None, Report())[5] is None
+    monkeypatch.setattr(analyze, "_KEPT_OUTPUT_BYTES", 6 * 4 * 4 - 1)  # [6, 4] float32
+    assert analyze._load(ref, _SPEC, Options(), None, Report())[5] is None
+    monkeypatch.setattr(analyze, "_KEPT_OUTPUT_BYTES", 6 * 4 * 4)
+    assert analyze._load(ref, _SPEC, Options(), None, Report())[5] is not None

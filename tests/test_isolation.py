@@ -18,6 +18,7 @@ import inspector.analyze as analyze
 from inspector.analyze import inspect_model
 from inspector.context import Options
 from inspector.errors import InputMismatchError
+from inspector.forkmap import _workers
 from inspector.isolation import isolation_mode
 from inspector.passes import PASSES
 
@@ -189,16 +190,17 @@ def test_a_sandboxed_job_survives_a_native_crash_in_a_pass(tmp_path: Path) -> No
 
 
 def _started_beside(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """A file each start of a pass beside the others writes to (the start happens in a
-    forked process of the chain, so a counter here would not see it)."""
+    """A file each start of a lane of passes beside the others writes a line to: its
+    passes in order (the start happens in a forked process of the chain, so a counter
+    here would not see it)."""
     import inspector.beside as beside
 
     marks, start = tmp_path / "beside", beside._start
 
-    def marked(ctx, compute, prefix, needs):  # noqa: ANN001, ANN202
+    def marked(ctx, lane, prefix, number):  # noqa: ANN001, ANN202
         with open(marks, "a") as f:
-            f.write(prefix.rsplit(".", 1)[-1] + "\n")
-        return start(ctx, compute, prefix, needs)
+            f.write(" ".join(q.name for q in lane) + "\n")
+        return start(ctx, lane, prefix, number)
 
     monkeypatch.setattr(beside, "_start", marked)
     return marks
@@ -215,8 +217,6 @@ def _replace_beside(monkeypatch: pytest.MonkeyPatch, name: str, compute: object)
 
 
 def _two_cores() -> bool:
-    from inspector.forkmap import _workers
-
     return _workers(2) >= 2
 
 
@@ -240,8 +240,9 @@ def test_passes_beside_give_the_report_in_order(
         forked = inspect_model(MLP, None, Options(passes=passes, isolate=True))
     finally:
         torch.set_num_threads(threads)
-    if _two_cores():
-        assert marks.read_text().split() == ["measure", "export", "compile"]
+    if _two_cores():  # in the order they are collected, in a lane for each spare core
+        assert marks.read_text().split() == ["export", "measure", "compile"]
+        assert len(marks.read_text().splitlines()) == min(3, _workers(8) - 1)
     assert forked.memory.measured is not None
     assert forked.export.targets[0].ok and forked.export.targets[0].checked
     # measured by torch's profiler beside the passes, as the estimate's tracker says

@@ -27,7 +27,7 @@ def tensor_stats(
     stats = NumericStats()
     if not x.numel():
         return stats
-    nonzero = torch.count_nonzero(x).item()
+    nonzero = _count(x != 0)
     stats.zero_fraction = 1.0 - nonzero / x.numel()
     values = x
     if not torch.isfinite(x.sum()):  # rare: count and drop the NaN/Inf
@@ -72,7 +72,9 @@ def _moments(stats: NumericStats, values: torch.Tensor, nonzero: int) -> None:
 
 def _count(mask: torch.Tensor) -> int:
     """True elements of a bool mask: count_nonzero, not `.sum()`, which widens the mask
-    to int64 first (a [4, 512, 3072] mask: 1.2 ms against 27 ms)."""
+    to int64 first (a [4, 512, 3072] mask: 1.2 ms against 27 ms). On a float tensor,
+    count_nonzero itself is slower than making the mask and counting it (a ReLU's
+    [8, 64, 112, 112] output: 34 ms against 8)."""
     return int(torch.count_nonzero(mask))
 
 
@@ -90,10 +92,10 @@ def dead_fraction(x: torch.Tensor, min_samples: int = DEAD_MIN_SAMPLES) -> float
     if x.dim() < 2:
         return None
     dim = x.dim() - 1 if x.dim() == 3 else 1
-    per_feature = x.movedim(dim, 0).reshape(x.shape[dim], -1)
-    if per_feature.shape[1] < min_samples:
+    if x.numel() // max(x.shape[dim], 1) < min_samples:
         return None  # with few values a feature can be all-zero by chance
-    return (per_feature != 0).any(dim=1).logical_not().double().mean().item()
+    others = tuple(d for d in range(x.dim()) if d != dim)  # reduced in place, no copy
+    return (x != 0).any(dim=others).logical_not().double().mean().item()
 
 
 def _saturated(values: torch.Tensor, kind: str) -> float | None:

@@ -79,3 +79,26 @@ def test_in_debug_mode_the_ordinary_constructor_runs(monkeypatch) -> None:  # no
     monkeypatch.setattr(FakeTensorConfig, "debug", True)
     made = maker.new(torch.empty(2, device="meta"), torch.device("cpu"))
     assert hasattr(made, "_debug_trace")  # set only by FakeTensor.__new__
+
+
+def test_a_shadows_fake_copy_is_the_one_the_modes_empty_strided_makes() -> None:
+    """inspector/memory/shadow.py makes the model's fake weights with the maker: the same
+    tensor as `empty_strided` under the mode, strides, values of integer tensors and
+    Parameter-ness included."""
+    from inspector.fakevalues import value_of
+    from inspector.memory.shadow import _fake_like
+
+    mode = new_fake_mode()
+    ids = torch.arange(6).view(2, 3).t()  # a transposed stride
+    for t in (torch.randn(3, 4), torch.nn.Parameter(torch.randn(5)), ids):
+        made = _fake_like(t, mode)
+        with mode:
+            ordinary = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+        assert type(made) is FakeTensor or isinstance(made, torch.nn.Parameter)
+        assert (made.shape, made.stride(), made.dtype) == (t.shape, t.stride(), t.dtype)
+        assert made.fake_mode is mode and made.device == ordinary.device
+        assert made.requires_grad == t.requires_grad
+        assert torch._C._dispatch_keys(made) == torch._C._dispatch_keys(ordinary)
+        skip = {"_is_param", "_inspector_value"}  # set by nn.Parameter; the value, below
+        assert {k: v for k, v in vars(made).items() if k not in skip} == vars(ordinary)
+    assert torch.equal(value_of(_fake_like(ids, mode)), ids)

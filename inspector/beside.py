@@ -216,7 +216,8 @@ def _run_lane(
 ) -> None:
     for q in lane:
         path, began = paths[q.name], time.perf_counter()
-        outcome = _supervise(ctx, q.compute, f"{path}.outcome", f"{path}.trace")
+        fds = list(write_fds.values())
+        outcome = _supervise(ctx, q.compute, f"{path}.outcome", f"{path}.trace", fds)
         tmp = f"{path}.result.tmp"
         with open(tmp, "wb") as f:
             pickle.dump((*outcome, time.perf_counter() - began), f)
@@ -226,9 +227,13 @@ def _run_lane(
             break
 
 
-def _supervise(ctx: Any, compute: Any, outcome_path: str, trace_path: str) -> tuple:
+def _supervise(
+    ctx: Any, compute: Any, outcome_path: str, trace_path: str, lane_fds: list[int]
+) -> tuple:
     pid = os.fork()
     if pid == 0:
+        for fd in lane_fds:  # a process the pass leaves running must not hold them open
+            os.close(fd)
         _run_pass(ctx, compute, outcome_path, trace_path)  # never returns
     _, status = os.waitpid(pid, 0)
     try:

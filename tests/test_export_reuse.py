@@ -245,12 +245,15 @@ def test_the_load_check_runs_the_sample_once_for_the_export_pass() -> None:
 
 
 def test_large_or_unwanted_check_outputs_are_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kept where no larger than the weights (or small): `Counted` holds 36 + 8 floats."""
     import inspector.analyze as analyze
 
     ref = "tests/test_export_reuse.py:Counted"
     assert analyze._load(ref, _SPEC, Options(export="none"), None, Report())[5] is None
     assert analyze._load(ref, _SPEC, Options(passes={"graph"}), None, Report())[5] is None
-    monkeypatch.setattr(analyze, "_KEPT_OUTPUT_BYTES", 6 * 4 * 4 - 1)  # [6, 4] float32
-    assert analyze._load(ref, _SPEC, Options(), None, Report())[5] is None
-    monkeypatch.setattr(analyze, "_KEPT_OUTPUT_BYTES", 6 * 4 * 4)
-    assert analyze._load(ref, _SPEC, Options(), None, Report())[5] is not None
+    monkeypatch.setattr(analyze, "_KEPT_OUTPUT_BYTES", 0)  # the weights' 176 bytes decide
+    spec = '{"x": {"shape": ["B", 8]}, "dims": {"B": %d}}'
+    assert analyze._load(ref, spec % 12, Options(), None, Report())[5] is None  # [12, 4]
+    assert analyze._load(ref, spec % 11, Options(), None, Report())[5] is not None  # [11, 4]
+    monkeypatch.setattr(analyze, "_KEPT_OUTPUT_BYTES", 12 * 4 * 4)  # small is kept
+    assert analyze._load(ref, spec % 12, Options(), None, Report())[5] is not None

@@ -24,8 +24,8 @@ it runs in its place, in order.
 
 As with every isolated pass, the work runs in a process of its own under its lane's
 process: a native crash costs only its section, said as the isolated passes say it; an
-exception it raises ends the run, as in one process. It runs only where forking is how the passes
-run (isolation), and where a second core can take it.
+exception it raises ends the run, as in one process. It runs only where forking is how
+the passes run (isolation), and where a second core can take it.
 """
 
 from __future__ import annotations

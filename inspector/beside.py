@@ -12,8 +12,9 @@ gradients and modes passes compute (GPT-2 small at [4, 512]: two real forwards a
 took 7.9 s each against 7.0 s alone on this 2-core machine; two ResNet-18 steps at once
 took twice as long each, no loss either); Dynamo's check (passes/dynamo.py), which reads
 only the memory pass's timings, is mostly Python; the export checks (passes/export.py)
-go beside only where real runs are the dear ones. They run in lanes, one per spare core,
-each lane's passes one after another: on 2 cores, one lane beside the line's passes.
+go beside only where real runs are the dear ones. They run in lanes, each lane's passes
+one after another: where real runs are the dear ones, one lane per spare core (on 2
+cores, one lane beside the line's passes), else a lane per pass (`start_ready`).
 
 Running beside costs memory at once that in order is taken in turn, so a pass starts
 beside only where the memory estimate leaves room for it: the need of its lane (the
@@ -40,6 +41,8 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
+
+from inspector.realcost import fake_step_is_cheaper
 
 __all__ = ["Beside", "Started", "start_ready", "collect", "MEMORY_ENV"]
 
@@ -89,17 +92,21 @@ def start_ready(
     records it (a forked process's copy too). A pass that does not run the model (a
     value pass on fake tensors says it was skipped) is not worth a process.
 
-    The passes go into lanes, one per core the line's own passes leave spare, each lane
-    a process running its passes one after another in the order they are collected:
-    more processes than cores only slow the line's passes down (ResNet-18 at [8, 3, 224,
-    224] on 2 cores: its gradients pass took 5.6 s beside three passes at once, 3.3 s
-    alone)."""
-    lanes = _spare_cores()
-    if i == 0 or not lanes:
+    The passes go into lanes, each lane a process running its passes one after another
+    in the order they are collected. Where real runs are the dear ones, one lane per core
+    the line's own passes leave spare: real arithmetic contends for the memory, and more
+    processes than cores slow the line's passes down (ResNet-18 at [8, 3, 224, 224] on 2
+    cores: its gradients pass took 5.6 s beside three passes at once, 3.3 s beside one).
+    Where fake runs are the dear ones, the work is Python, which shares the cores without
+    that loss: a lane per pass (a 1,000-layer stack: the line waited 2.2 s for its
+    measured step and compile check run in one lane, 0.8 s for the two side by side)."""
+    spare = _spare_cores()
+    if i == 0 or not spare:
         return
     after = passes[i - 1][0]
     ahead = [name for name, runs in passes[i:] if runs]  # in the order they are collected
     ready = [n for n in ahead if n in besides and besides[n].after == after and n not in started]
+    lanes = spare if fake_step_is_cheaper(ctx) else max(spare, len(ready))
     queued: list[list[_Queued]] = [[] for _ in range(lanes)]
     for name in ready:
         needs = besides[name].needs(ctx)

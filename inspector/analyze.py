@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import platform
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -16,7 +16,7 @@ from inspector.capture import capture_graph
 from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options
 from inspector.fakevalues import new_fake_mode
 from inspector.fit import check_inputs_fit, fake_train_limit
-from inspector.graph.tensors import tensor_leaves
+from inspector.health.exportmatch import eager_copies, float_leaves
 from inspector.inputspec import parse_input
 from inspector.isolation import isolation_mode, run_passes
 from inspector.loaders.compiled import compiled_note, unwrap_compiled
@@ -132,8 +132,7 @@ def _load(
         inputs = factory.build(device=options.device)
         # Name the layer that rejects the inputs before any pass trips over them. It is
         # the seeded eval() forward the export checks compare with: kept, where small.
-        limit_bytes = _kept_bytes_limit(loaded.model)
-        keep = (lambda out: kept.extend(_small_copy(out, limit_bytes))) if _keeps(options) else None
+        keep = _keeper(kept, loaded.model) if _keeps(options) else None
         start = time.perf_counter()
         seed = options.seed if keep is not None else None
         limit = check_inputs_fit(loaded.model, inputs, loaded.user_files, seed, keep)
@@ -150,23 +149,23 @@ def _load(
 _KEPT_OUTPUT_BYTES = 64 << 20
 
 
-def _kept_bytes_limit(model: torch.nn.Module) -> int:
-    weights = {id(p): p.numel() * p.element_size() for p in model.parameters()}
-    return max(_KEPT_OUTPUT_BYTES, sum(weights.values()))
-
-
 def _keeps(options: Options) -> bool:
     return not options.fake and options.export != "none" and options.wants("export")
 
 
-def _small_copy(output: Any, limit_bytes: int) -> list[list[torch.Tensor]]:
-    """[the output's float tensors, copied] where they take at most `limit_bytes`, else
-    []: copies, as a model may update a tensor it returned in place on its next call (a
-    static KV cache)."""
-    floats = [t.detach() for t in tensor_leaves(output) if t.is_floating_point()]
-    if sum(t.numel() * t.element_size() for t in floats) > limit_bytes:
-        return []
-    return [[t.clone() for t in floats]]
+def _keeper(kept: list[Any], model: torch.nn.Module) -> Callable[[Any], None]:
+    """What takes the check's output: its float tensors, copied into `kept` where they
+    take no more than the weights (or _KEPT_OUTPUT_BYTES). Copies, as a model may update
+    a tensor it returned in place on its next call (a static KV cache)."""
+    weights = {id(p): p.numel() * p.element_size() for p in model.parameters()}
+    limit = max(_KEPT_OUTPUT_BYTES, sum(weights.values()))
+
+    def keep(output: Any) -> None:
+        floats = float_leaves(output)
+        if sum(t.numel() * t.element_size() for t in floats) <= limit:
+            kept.append(eager_copies(floats))
+
+    return keep
 
 
 def _run_passes(ctx: Context, notify, plan: StagePlan) -> None:  # noqa: ANN001 - progress

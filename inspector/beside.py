@@ -106,6 +106,8 @@ def start_ready(
     after = passes[i - 1][0]
     ahead = [name for name, runs in passes[i:] if runs]  # in the order they are collected
     ready = [n for n in ahead if n in besides and besides[n].after == after and n not in started]
+    if not ready:
+        return
     lanes = spare if fake_step_is_cheaper(ctx) else max(spare, len(ready))
     queued: list[list[_Queued]] = [[] for _ in range(lanes)]
     for name in ready:

@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_flatten
 from inspector.context import Inputs
 from inspector.errors import FakeModeLimit, InputMismatchError, UserCodeError, UserError
 from inspector.fakekernels import refusal_message
+from inspector.health.state import seeded
 from inspector.loaders.usercode import user_code_error
 from inspector.realcopy import needs_values
 from inspector.tracebacks import is_user_file, user_location
@@ -76,7 +77,7 @@ def _seeded(seed: int | None) -> Iterator[None]:
         return
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
+        seeded(seed)  # as the passes seed their runs
         yield
 
 

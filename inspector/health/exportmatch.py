@@ -21,7 +21,15 @@ from inspector.health.maxdiff import float32_max_abs_diff
 from inspector.health.state import preserved, seeded
 from inspector.report import ExportTarget
 
-__all__ = ["check_target", "changed_inputs", "DynamicExport", "EagerOutputs", "RTOL"]
+__all__ = [
+    "check_target",
+    "changed_inputs",
+    "DynamicExport",
+    "EagerOutputs",
+    "RTOL",
+    "eager_copies",
+    "float_leaves",
+]
 
 RTOL = 1e-3  # of the largest eager value: float32 reordering stays far below it
 
@@ -49,7 +57,7 @@ class EagerOutputs:
         self._outputs: dict[int, tuple[Inputs, list[torch.Tensor]]] = {}
         if ctx.results.eval_output is not None:
             inputs, output = ctx.results.eval_output
-            self._outputs[id(inputs)] = (inputs, _kept(output))
+            self._outputs[id(inputs)] = (inputs, eager_copies(output))
 
     def of(self, inputs: Inputs) -> list[torch.Tensor]:
         kept = self._outputs.get(id(inputs))
@@ -58,7 +66,7 @@ class EagerOutputs:
             with preserved(ctx.model), torch.no_grad():
                 ctx.model.eval()
                 seeded(ctx.options.seed)
-                kept = (inputs, _kept(inputs.call(ctx.model)))
+                kept = (inputs, eager_copies(inputs.call(ctx.model)))
             self._outputs[id(inputs)] = kept
         return kept[1]
 
@@ -151,7 +159,7 @@ def _compare(
         ctx.model.eval()
         try:
             seeded(ctx.options.seed)
-            got = _floats(call(inputs))
+            got = float_leaves(call(inputs))
         except Exception as exc:  # noqa: BLE001 - the exported model failing is the finding
             lines = str(exc).strip().splitlines() or [""]
             return f"fails: {type(exc).__name__}: {lines[0][:200]}", None
@@ -174,13 +182,13 @@ def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max())
 
 
-def _floats(output: Any) -> list[torch.Tensor]:
+def float_leaves(output: Any) -> list[torch.Tensor]:
     """The float outputs in their own dtype: compared as float64 computes (_max_abs_diff),
     without float64 copies."""
     return [t.detach() for t in tensor_leaves(output) if t.is_floating_point()]
 
 
-def _kept(output: Any) -> list[torch.Tensor]:
+def eager_copies(output: Any) -> list[torch.Tensor]:
     """Eager's float outputs, copied: kept for later comparisons, they must not follow a
     tensor the model updates in place on its next call (a static KV cache it returns)."""
-    return [t.clone() for t in _floats(output)]
+    return [t.clone() for t in float_leaves(output)]

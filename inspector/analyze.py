@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import platform
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,6 +25,7 @@ from inspector.loaders.compiled import compiled_note, unwrap_compiled
 from inspector.loaders.load import load_model
 from inspector.memory.namedblocks import match_blocks, named_blocks
 from inspector.passes import BESIDE, PASSES, runs_model, wanted
+from inspector.passes.modes import EvalRecorder, records_eval
 from inspector.progress import StagePlan
 from inspector.realcopy import needs_values, real_copy_decision
 from inspector.report import Meta, Report
@@ -78,7 +81,7 @@ def inspect_model(
 
     notify("load", plan.percent("load"))
     with _timed(timings, "load"):
-        loaded, factory, inputs, limit, forward_s, kept = _load(
+        loaded, factory, inputs, limit, forward_s, check = _load(
             model, input, options, fake_mode, report
         )
         if limit is not None and fake_mode is not None and needs_values(limit):
@@ -88,7 +91,7 @@ def inspect_model(
                 fake_mode = None
                 options.fake = report.meta.fake = False  # meta.options keeps what was asked
                 torch.manual_seed(options.seed)  # the same weights as a run without --fake
-                loaded, factory, inputs, _, forward_s, kept = _load(
+                loaded, factory, inputs, _, forward_s, check = _load(
                     model, input, options, None, report
                 )
     report.meta.source_kind = loaded.source_kind
@@ -102,7 +105,7 @@ def inspect_model(
 
     ctx = Context(loaded, factory, inputs, options, report, fake_mode=fake_mode)
     ctx.results.real_forward_seconds = forward_s if fake_mode is None else None
-    ctx.results.eval_output = kept
+    ctx.results.eval_output, ctx.results.modes_eval = check.eval_output, check.modes_eval
     notify("capture", plan.percent("capture"))
     with _timed(timings, "capture"):
         ctx.capture = capture_graph(ctx)
@@ -116,12 +119,20 @@ def inspect_model(
     return ctx.report
 
 
+@dataclass
+class _CheckRun:
+    """What the load's input check, the seeded eval() forward, leaves for the passes."""
+
+    eval_output: tuple[Inputs, Any] | None = None  # where the export checks compare with it
+    modes_eval: EvalRecorder | None = None  # modes' eval() run, recorded
+
+
 def _load(
     model: str, input: str | None, options: Options, fake_mode: Any, report: Report
-) -> tuple[LoadedModel, InputFactory, Inputs, BaseException | None, float, Any]:
+) -> tuple[LoadedModel, InputFactory, Inputs, BaseException | None, float, _CheckRun]:
     """The model, its input factory and inputs, checked against each other; what a fake
-    forward could not do (an op that needs values), if anything; the check's seconds; the
-    check's (inputs, output), where the export checks will compare with it."""
+    forward could not do (an op that needs values), if anything; the check's seconds; what
+    the check's forward leaves for the passes."""
     loaded = load_model(model, fake_mode=fake_mode, device=options.device)
     loaded.model, compiled = unwrap_compiled(loaded.model)
     if compiled and compiled_note(compiled) not in report.meta.warnings:  # once, if reloaded
@@ -131,15 +142,57 @@ def _load(
     with fake_mode or nullcontext():
         inputs = factory.build(device=options.device)
         # Name the layer that rejects the inputs before any pass trips over them. It is
-        # the seeded eval() forward the export checks compare with: kept, where small.
-        keep = _keeper(kept, loaded.model) if _keeps(options) else None
+        # the seeded eval() forward the export checks compare with (kept, where small)
+        # and modes' eval() run (recorded).
+        keeper = _keeper(kept, loaded.model) if _keeps(options) else None
+        recorder = EvalRecorder(inputs) if records_eval(options) else None
         start = time.perf_counter()
-        seed = options.seed if keep is not None else None
-        limit = check_inputs_fit(loaded.model, inputs, loaded.user_files, seed, keep)
-        seconds = time.perf_counter() - start
+        with _collector_paused():
+            limit = check_inputs_fit(
+                loaded.model,
+                inputs,
+                loaded.user_files,
+                seed=options.seed if keeper or recorder else None,
+                keep=_both(keeper, recorder),
+                watch=recorder.watching(loaded.model) if recorder else None,
+            )
+        # the model's forward, without the recording's copies: what a real run costs
+        seconds = time.perf_counter() - start - (recorder.seconds if recorder else 0.0)
         if limit is None and fake_mode is not None:  # training may branch on values too
             limit = fake_train_limit(loaded.model, inputs)
-    return loaded, factory, inputs, limit, seconds, (inputs, kept[0]) if kept else None
+    check = _CheckRun((inputs, kept[0]) if kept else None, recorder)
+    return loaded, factory, inputs, limit, seconds, check
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cycle collector off while the check's forward is timed: a collection of what
+    came before (a training step's objects, in the bench) fell into it and made it seven
+    times as long (a 1,000-layer stack: 0.28 s against 0.039 s), and that time decides
+    what runs beside what (inspector/realcost.py). The fake rerun it is compared with
+    runs with the collector off too (inspector/memory/tracker.py)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _both(
+    keeper: Callable[[Any], None] | None, recorder: EvalRecorder | None
+) -> Callable[[Any], None] | None:
+    if keeper is None and recorder is None:
+        return None
+
+    def keep(output: Any) -> None:
+        if recorder is not None:
+            recorder.finish(output)
+        if keeper is not None:
+            keeper(output)
+
+    return keep
 
 
 # The check's output is kept for the export checks through every pass: held where it is

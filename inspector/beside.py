@@ -23,6 +23,11 @@ peak for the passes this process goes on with, within the memory the machine has
 available and the job's budget, where the service sets one (MGI_JOB_MEMORY_BYTES). Else
 it runs in its place, in order.
 
+A pass no lane has begun yet is the line's to take over: where the line reaches a pass
+whose lane is still busy, it runs the passes queued behind in its own slot rather than
+wait (`take_over`). Whoever begins a pass claims it first (a file made exclusively), so
+each runs once, in a lane or in the line.
+
 As with every isolated pass, the work runs in a process of its own under its lane's
 process: a native crash costs only its section, said as the isolated passes say it; an
 exception it raises ends the run, as in one process. It runs only where forking is how
@@ -35,6 +40,7 @@ import faulthandler
 import gc
 import os
 import pickle
+import select
 import signal
 import time
 from collections.abc import Callable
@@ -44,7 +50,7 @@ from typing import Any
 
 from inspector.realcost import fake_step_is_cheaper
 
-__all__ = ["Beside", "Started", "start_ready", "collect", "MEMORY_ENV"]
+__all__ = ["Beside", "Started", "start_ready", "take_over", "collect", "MEMORY_ENV"]
 
 MEMORY_ENV = "MGI_JOB_MEMORY_BYTES"  # the job's memory budget, set by the service
 
@@ -64,12 +70,20 @@ class Started:
     """A pass running beside the others: where its result arrives."""
 
     read_fd: int  # at end of file once the result is written (or its lane died)
-    result_path: str
-    trace_path: str
+    path: str  # where its files go: .claim, .result, .trace
     began: float  # when its lane started
     lane: int  # the process that runs it (one after another with the lane's others)
     needs: int  # the bytes its lane was given room for
     seconds: float | None = None  # how long it ran, once collected
+    taken_over: bool = False  # the line ran it itself (`take_over`), not its lane
+
+    @property
+    def result_path(self) -> str:
+        return f"{self.path}.result"
+
+    @property
+    def trace_path(self) -> str:
+        return f"{self.path}.trace"
 
 
 @dataclass
@@ -124,11 +138,52 @@ def start_ready(
         started.update(_start(ctx, lane, prefix, first_lane + n))
 
 
+def take_over(
+    ctx: Any,
+    waiting: Started,
+    started: dict[str, Started],
+    besides: dict[str, Beside],
+) -> None:
+    """While the lane of `waiting` (the pass the line has reached) is not done with it,
+    run here, one after another, the passes queued in lanes that no lane has begun: the
+    line would only wait. Each runs in the slot the line keeps for its own passes (a
+    training step's peak), so only one that needs no more. The progress goes on saying
+    the waited pass, which runs meanwhile: stages are said in order, each once."""
+    step = ctx.report.memory.train_peak_bytes
+    for name, queued in started.items():
+        if _done(waiting):
+            return
+        if queued.taken_over or step is None or (besides[name].needs(ctx) or 0) > step:
+            continue
+        if _claim(queued.path):  # no lane has begun it: it is the line's now
+            queued.taken_over = True
+            gc.freeze()  # as the lanes do: the pass's process never copies these pages
+            try:
+                _run_claimed(ctx, besides[name].compute, queued.path, [])
+            finally:
+                gc.unfreeze()
+
+
+def _done(started: Started) -> bool:
+    """Whether its lane is past it: the pipe's end of file, without waiting."""
+    return bool(select.select([started.read_fd], [], [], 0)[0])
+
+
+def _claim(path: str) -> bool:
+    """Whether this process is the first to begin the pass at `path`."""
+    try:
+        os.close(os.open(f"{path}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    return True
+
+
 def collect(ctx: Any, started: Started, beside: Beside) -> int | None:
     """Wait for the pass's result and apply it; raise what it raised. Returns None, or
     the wait status of a pass process that crashed."""
     with os.fdopen(started.read_fd, "rb") as f:
-        f.read()  # nothing comes: the end of file says the lane is past this pass
+        if not started.taken_over:  # else its result is here already: no lane to wait for
+            f.read()  # nothing comes: the end of file says the lane is past this pass
     try:
         with open(started.result_path, "rb") as f:
             kind, payload, started.seconds = pickle.load(f)
@@ -136,8 +191,9 @@ def collect(ctx: Any, started: Started, beside: Beside) -> int | None:
         started.seconds = time.perf_counter() - started.began
         return signal.SIGKILL
     finally:
-        with suppress(FileNotFoundError):
-            os.unlink(started.result_path)
+        for done_with in (started.result_path, f"{started.path}.claim"):
+            with suppress(FileNotFoundError):
+                os.unlink(done_with)
     if kind == "crashed":
         return payload
     if kind == "raised":
@@ -215,8 +271,7 @@ def _start(ctx: Any, lane: list[_Queued], prefix: str, number: int) -> dict[str,
     for q in lane:
         read_fd, write_fd = pipes[q.name]
         os.close(write_fd)
-        path = paths[q.name]
-        started[q.name] = Started(read_fd, f"{path}.result", f"{path}.trace", began, number, needs)
+        started[q.name] = Started(read_fd, paths[q.name], began, number, needs)
     return started
 
 
@@ -224,16 +279,25 @@ def _run_lane(
     ctx: Any, lane: list[_Queued], write_fds: dict[str, int], paths: dict[str, str]
 ) -> None:
     for q in lane:
-        path, began = paths[q.name], time.perf_counter()
-        fds = list(write_fds.values())
-        outcome = _supervise(ctx, q.compute, f"{path}.outcome", f"{path}.trace", fds)
-        tmp = f"{path}.result.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump((*outcome, time.perf_counter() - began), f)
-        os.replace(tmp, f"{path}.result")
+        if not _claim(paths[q.name]):  # the line took it over while it waited
+            os.close(write_fds.pop(q.name))
+            continue
+        outcome = _run_claimed(ctx, q.compute, paths[q.name], list(write_fds.values()))
         os.close(write_fds.pop(q.name))
         if outcome[0] == "raised":  # the line raises it when it gets there: no more needed
             break
+
+
+def _run_claimed(ctx: Any, compute: Any, path: str, lane_fds: list[int]) -> tuple:
+    """Run the pass in a process of its own; its outcome goes to `path`.result, with
+    the seconds it took."""
+    began = time.perf_counter()
+    outcome = _supervise(ctx, compute, f"{path}.outcome", f"{path}.trace", lane_fds)
+    tmp = f"{path}.result.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump((*outcome, time.perf_counter() - began), f)
+    os.replace(tmp, f"{path}.result")
+    return outcome
 
 
 def _supervise(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import traceback
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ def check_inputs_fit(
     user_files: list[str],
     seed: int | None = None,
     keep: Callable[[Any], None] | None = None,
+    watch: AbstractContextManager | None = None,
 ) -> BaseException | None:
     """Run one forward under no_grad; raise InputMismatchError (the inputs do not fit a
     layer) or UserCodeError (the user's code raised). Works on real and fake tensors.
@@ -48,14 +49,15 @@ def check_inputs_fit(
 
     With `seed`, the forward runs just after `torch.manual_seed(seed)`, and the random
     generators are as they were afterwards: it is then the seeded eval() forward other
-    passes run, and `keep` receives its output.
+    passes run, and `keep` receives its output; `watch` is entered around the forward,
+    inside the seeding.
     """
     tracker = _Tracker(model)
     saved = {name: b.clone() for name, b in model.named_buffers()}
     training = {m: m.training for m in model.modules()}
     model.eval()
     try:
-        with torch.no_grad(), tracker, _seeded(seed):
+        with torch.no_grad(), tracker, _seeded(seed), watch or nullcontext():
             output = inputs.call(model)
             if keep is not None:
                 keep(output)

@@ -197,9 +197,12 @@ def _hold_line(
         beside.start_ready(ctx, kinds, i, line.besides, line.started, line.channel.result_path)
         if name in line.started:  # it ran beside the passes since its inputs were done
             notify(name, percent)
+            started = line.started.pop(name)
+            beside.take_over(ctx, started, line.started, line.besides)
             with line.timed(name):
-                started = line.started.pop(name)
                 status = beside.collect(ctx, started, line.besides[name])
+            if started.taken_over:  # its time was the line's: timed as its own, in its place
+                _add_seconds(ctx.report.meta.timings_s, name, started.seconds or 0.0)
             if status is not None:
                 _record_failure(ctx, name, status, started.trace_path, started.seconds or 0.0)
             continue
@@ -223,6 +226,10 @@ def _hold_line(
             return False
         _record_failure(ctx, name, status, trace_path, time.perf_counter() - began)
     return True
+
+
+def _add_seconds(timings: dict[str, float], stage: str, seconds: float) -> None:
+    timings[stage] = round(timings.get(stage, 0.0) + seconds, 4)
 
 
 def _return_free_memory() -> None:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # these modules import inspector.context, which imports this 
     from inspector.memory.advice import Checked
     from inspector.memory.analysis import Analysis
     from inspector.memory.measure import Measurement
-    from inspector.passes.modes import TrainRecorder
+    from inspector.passes.modes import EvalRecorder, TrainRecorder
     from inspector.passes.numerics import NumericsResult
 
 __all__ = ["PassResults", "GraphRun", "AutocastStep"]
@@ -63,6 +63,8 @@ class PassResults:
     attention_softmaxes: list[AttentionSoftmax] = field(default_factory=list)  # passes/probe.py
     # passes/gradients.py: modes' train() run, recorded on its forward (the same run)
     modes_train: TrainRecorder | None = None
+    # analyze.py: modes' eval() run, recorded on the load's input check (the same run)
+    modes_eval: EvalRecorder | None = None
     # passes/modes.py: BatchNorm inputs of the train() forward, by module path
     batchnorm_inputs: dict[str, BatchNormInput] = field(default_factory=dict)
     modes_internal: bool = False  # passes/modes.py: its error is the inspector's own

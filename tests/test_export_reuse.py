@@ -3,6 +3,8 @@ targets it compares with it (issue #17: no pass repeats a forward it already ran
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from test_export import BatchFactory
@@ -210,9 +212,10 @@ def test_the_load_check_is_the_seeded_eval_run_the_export_checks_compare_with() 
     from inspector.fit import check_inputs_fit
 
     options = Options(seed=7)
-    loaded, _, inputs, _, _, kept = _load(
+    loaded, _, inputs, _, _, check = _load(
         "tests/test_export_reuse.py:DrawsInEval", _SPEC, options, None, Report()
     )
+    kept = check.eval_output
     assert kept[0] is inputs
     with torch.no_grad():  # the independent answer: the seeded eval forward by hand
         torch.manual_seed(7)
@@ -231,9 +234,10 @@ def test_the_load_check_is_the_seeded_eval_run_the_export_checks_compare_with() 
 def test_the_load_check_runs_the_sample_once_for_the_export_pass() -> None:
     from inspector.analyze import _load
 
-    loaded, factory, inputs, _, _, kept = _load(
+    loaded, factory, inputs, _, _, check = _load(
         "tests/test_export_reuse.py:Counted", _SPEC, Options(), None, Report()
     )
+    kept = check.eval_output
     model = loaded.model
     assert model.calls == 1  # the check
     ctx = Context(loaded, factory, inputs, Options(), Report())
@@ -249,11 +253,61 @@ def test_large_or_unwanted_check_outputs_are_not_kept(monkeypatch: pytest.Monkey
     import inspector.analyze as analyze
 
     ref = "tests/test_export_reuse.py:Counted"
-    assert analyze._load(ref, _SPEC, Options(export="none"), None, Report())[5] is None
-    assert analyze._load(ref, _SPEC, Options(passes={"graph"}), None, Report())[5] is None
+
+    def kept(spec: str, options: Options) -> Any:
+        return analyze._load(ref, spec, options, None, Report())[5].eval_output
+
+    assert kept(_SPEC, Options(export="none")) is None
+    assert kept(_SPEC, Options(passes={"graph"})) is None
     monkeypatch.setattr(analyze, "_KEPT_OUTPUT_BYTES", 0)  # the weights' 176 bytes decide
     spec = '{"x": {"shape": ["B", 8]}, "dims": {"B": %d}}'
-    assert analyze._load(ref, spec % 12, Options(), None, Report())[5] is None  # [12, 4]
-    assert analyze._load(ref, spec % 11, Options(), None, Report())[5] is not None  # [11, 4]
+    assert kept(spec % 12, Options()) is None  # [12, 4]
+    assert kept(spec % 11, Options()) is not None  # [11, 4]
     monkeypatch.setattr(analyze, "_KEPT_OUTPUT_BYTES", 12 * 4 * 4)  # small is kept
-    assert analyze._load(ref, spec % 12, Options(), None, Report())[5] is not None
+    assert kept(spec % 12, Options()) is not None
+
+
+class SeesCollector(nn.Module):
+    """Notes whether the cycle collector is on during each of its forwards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.collector: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import gc
+
+        self.collector.append(gc.isenabled())
+        return self.fc(x)
+
+
+def test_the_timed_check_runs_without_the_collector_and_without_its_recording(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The check's forward decides what runs beside what (inspector/realcost.py), as its
+    seconds against the fake rerun's, which runs with the collector off: a collection of
+    earlier garbage falling into it made it seven times as long. The copies modes'
+    recording makes are not the forward's time either."""
+    import gc
+    import time
+
+    from inspector.analyze import _load
+    from inspector.passes.modes import EvalRecorder
+
+    keep = EvalRecorder._keep
+
+    def slow_keep(self, path, k, value):  # noqa: ANN001, ANN202
+        time.sleep(0.1)  # a dear copy: the recording's time, not the forward's
+        return keep(self, path, k, value)
+
+    monkeypatch.setattr(EvalRecorder, "_keep", slow_keep)
+    assert gc.isenabled()
+    loaded, _, _, _, seconds, check = _load(
+        "tests/test_export_reuse.py:SeesCollector", _SPEC, Options(), None, Report()
+    )
+    assert loaded.model.collector == [False] and gc.isenabled()
+    recorder = check.modes_eval
+    assert [(path, k) for path, k, _ in recorder.calls] == [("fc", 0), ("", 0)]
+    assert recorder.finished and recorder.seconds >= 0.2  # two calls recorded
+    assert 0 < seconds < 0.1

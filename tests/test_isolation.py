@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -255,6 +256,55 @@ def test_passes_beside_give_the_report_in_order(
     # each in its place
     stages = ["gradients", "modes", "export", "measure", "compile", "findings"]
     assert list(forked.meta.timings_s)[-6:] == stages
+
+
+def test_the_line_takes_over_the_passes_no_lane_has_begun(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """One lane (real runs the dear ones, as the rule is told here) runs the export
+    checks, slowed by 2 s, then the measured step and the compile check. The line reaches
+    the export checks long before their lane is done, and runs the two queued behind in
+    its own slot instead of waiting: each pass once, the report as in one process."""
+    import inspector.beside as beside
+    import inspector.passes.export as export
+
+    if not _two_cores():
+        pytest.skip("no spare core: nothing runs beside the line")
+    runs, run_lane, run_claimed = tmp_path / "runs", beside._run_lane, beside._run_claimed
+
+    def lane(ctx, queued, write_fds, paths):  # noqa: ANN001, ANN202
+        with open(runs, "a") as f:
+            f.write(f"lane {os.getpid()}\n")
+        return run_lane(ctx, queued, write_fds, paths)
+
+    def claimed(ctx, compute, path, lane_fds):  # noqa: ANN001, ANN202
+        with open(runs, "a") as f:
+            f.write(f"{path.rpartition('.')[2]} {os.getpid()}\n")
+        return run_claimed(ctx, compute, path, lane_fds)
+
+    def slow_export(ctx):  # noqa: ANN001, ANN202
+        time.sleep(2.0)
+        return export.compute(ctx)
+
+    monkeypatch.setattr(beside, "_run_lane", lane)
+    monkeypatch.setattr(beside, "_run_claimed", claimed)
+    monkeypatch.setattr(export, "fake_step_is_cheaper", lambda ctx: True)
+    monkeypatch.setattr(beside, "fake_step_is_cheaper", lambda ctx: True)
+    monkeypatch.setattr(beside, "_spare_cores", lambda: 1)
+    passes = {"graph", "memory", "gradients", "modes", "export", "compile", "findings"}
+    one = inspect_model(MLP, None, Options(passes=passes, isolate=False))
+    _replace_beside(monkeypatch, "export", slow_export)
+    forked = inspect_model(MLP, None, Options(passes=passes, isolate=True))
+    by = dict(line.split() for line in runs.read_text().splitlines())
+    assert sorted(by) == ["compile", "export", "lane", "measure"]  # each run once
+    assert len(runs.read_text().splitlines()) == 4
+    assert by["export"] == by["lane"]  # its lane began it
+    assert by["measure"] != by["lane"] and by["compile"] != by["lane"]  # the line's
+    assert forked.memory.measured is not None and forked.compile.computed
+    assert _comparable(forked) == _comparable(one)
+    stages = ["gradients", "modes", "export", "measure", "compile", "findings"]
+    assert list(forked.meta.timings_s)[-6:] == stages  # each in its place
+    assert forked.meta.timings_s["export"] > 1.0  # the line's wait for the slow lane
 
 
 def test_a_crash_beside_costs_only_that_pass(

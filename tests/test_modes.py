@@ -200,3 +200,50 @@ def test_the_float32_max_difference_is_the_float64_one_bit_for_bit() -> None:
     b = torch.tensor([-1.0, 1.0])  # exact: 2**24 + 1 (rounds to 2**24 in float32), 2**24 + 1
     assert _max_diff(a, b) == _widened_max_diff(a, b) == 16777217.0
     assert _max_diff(base, base.double()) == _widened_max_diff(base, base.double())  # mixed
+
+
+class EvalDraws(nn.Module):
+    """BatchNorm and dropout (mode-dependent), a module called twice, and a draw in
+    eval() too (modes then reruns eval() reseeded)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
+        self.shared = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.shared(torch.relu(self.shared(self.block(x))))
+        return self.drop(h) + nn.functional.dropout(h, 0.1, training=True)
+
+
+def test_the_load_check_is_modes_eval_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The load's input check is the seeded eval() forward modes runs first: recorded
+    there, modes runs no eval() forward at the report's seed, and its section and every
+    node's divergence equal those of modes' own eval() run."""
+    import inspector.analyze as analyze
+    from inspector.analyze import inspect_model
+
+    evals: list[int | None] = []
+    forward = modes._forward
+
+    def counted(ctx, training, seed=None):  # noqa: ANN001, ANN202
+        if not training:
+            evals.append(seed)
+        return forward(ctx, training, seed)
+
+    monkeypatch.setattr(modes, "_forward", counted)
+    ref, spec = "tests/test_modes.py:EvalDraws", '{"x": {"shape": ["B", 8]}, "dims": {"B": 16}}'
+    options = {"passes": {"graph", "modes"}, "isolate": False, "seed": 3}
+    recorded = inspect_model(ref, spec, Options(**options))
+    assert evals == [4]  # the reseeded run only: eval() at seed 3 was the load's check
+    monkeypatch.setattr(analyze, "records_eval", lambda options: False)
+    evals.clear()
+    own = inspect_model(ref, spec, Options(**options))
+    assert evals == [None, 4]
+    a, b = recorded.modes, own.modes
+    assert a.computed and a.eval_max_abs_diff > 0 and a.first_divergent_node is not None
+    assert a.model_dump() == b.model_dump()
+    divergence = [(n.name, n.mode_divergence) for n in recorded.nodes]
+    assert divergence == [(n.name, n.mode_divergence) for n in own.nodes]
+    assert sum(d is not None for _, d in divergence) >= 5  # the module calls, both shared

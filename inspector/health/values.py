@@ -21,7 +21,16 @@ from torch import nn
 from inspector.context import Context
 from inspector.graph.fxcapture import FLAT_INPUTS, fx_placeholder_values
 
-__all__ = ["NodeRef", "run_nodes", "graph_feed", "kind_of", "module_values", "OnValue"]
+__all__ = [
+    "NodeRef",
+    "run_nodes",
+    "graph_feed",
+    "kind_of",
+    "module_values",
+    "module_node_names",
+    "call_name",
+    "OnValue",
+]
 
 _KINDS = {
     "relu": "relu",
@@ -104,7 +113,8 @@ class _Observed(torch.fx.Interpreter):
         return result
 
 
-def _module_node_names(ctx: Context) -> dict[str, list[str]]:
+def module_node_names(ctx: Context) -> dict[str, list[str]]:
+    """The report's node names of each module's calls, in call order, by module path."""
     names: dict[str, list[str]] = {}
     for node in ctx.report.nodes:
         if node.op in ("call_module", "module") and node.module_path is not None:
@@ -117,19 +127,24 @@ def _run_modules(ctx: Context, on_value: OnValue) -> Any:
         return ctx.inputs.call(ctx.model)
 
 
+def call_name(known: dict[str, list[str]], path: str, k: int) -> str:
+    """The name of the k-th call (from 0) of the module at `path`: the report's node of
+    that call (`known`: module_node_names), else its path, "@k" added after the first."""
+    names = known.get(path, [])
+    return names[k] if k < len(names) else path + (f"@{k}" if k else "")
+
+
 @contextmanager
 def module_values(ctx: Context, on_value: OnValue) -> Iterator[None]:
     """`on_value` on each module call's output, named as the graph's node of that call,
     while the block runs the model (here, or in another pass's forward)."""
-    known = _module_node_names(ctx)
+    known = module_node_names(ctx)
     calls: dict[str, int] = {}
 
     def hook_for(path: str):  # noqa: ANN202
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             k = calls[path] = calls.get(path, -1) + 1
-            names = known.get(path, [])
-            name = names[k] if k < len(names) else path + (f"@{k}" if k else "")
-            on_value(NodeRef(name, kind_of(module), path), output)
+            on_value(NodeRef(call_name(known, path, k), kind_of(module), path), output)
 
         return hook
 

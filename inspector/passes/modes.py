@@ -5,6 +5,7 @@ running stats and the RNG state are restored afterwards."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -18,11 +19,17 @@ from inspector.health.modecheck import BatchNormInput, batchnorm_probe, mode_dep
 from inspector.health.outputs import flat_tensors, float_outputs
 from inspector.health.state import preserved, rng_watched, seeded
 from inspector.health.thresholds import resolve
-from inspector.health.values import NodeRef, module_values, run_nodes
+from inspector.health.values import (
+    NodeRef,
+    call_name,
+    module_node_names,
+    module_values,
+    run_nodes,
+)
 from inspector.report import Node
 from inspector.tracebacks import INTERNAL_NOTE, inspector_fault, user_location
 
-__all__ = ["run", "FAKE_NOTE", "TrainRecorder", "shares_train_forward"]
+__all__ = ["run", "FAKE_NOTE", "TrainRecorder", "EvalRecorder", "shares_train_forward"]
 
 FAKE_NOTE = "not computed: fake tensors carry no values (run without --fake)"
 _MAX_KEPT_BYTES = 1 << 30  # node outputs kept from the train run to compare with eval
@@ -71,6 +78,76 @@ class TrainRecorder:
         self.finished = True
 
 
+class EvalRecorder:
+    """The eval() run, recorded on the load's input check (inspector/fit.py): that check
+    is the seeded eval() forward under no_grad that modes runs first, on the same inputs,
+    so modes then runs no eval() forward of its own. The module calls are recorded by
+    path and call number, and named as the report's nodes once the graph is captured.
+    Values and outputs are copies: a model may update a tensor it returned in place."""
+
+    def __init__(self, inputs: Any) -> None:
+        self.inputs = inputs  # the inputs it ran on: the run stands for those only
+        self.calls: list[tuple[str, int, torch.Tensor]] = []  # (path, call, value)
+        self.kept_bytes = 0
+        self.outputs: list[torch.Tensor] = []
+        self.drew = False
+        self.finished = False  # the forward returned
+        self.seconds = 0.0  # spent recording: not the forward's own time
+
+    @contextmanager
+    def watching(self, model: torch.nn.Module) -> Iterator[None]:
+        """Around the seeded forward, inside its seeding (for `drew`)."""
+        counts: dict[str, int] = {}
+
+        def hook_for(path: str):  # noqa: ANN202
+            def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+                began = time.perf_counter()
+                k = counts[path] = counts.get(path, -1) + 1
+                self._keep(path, k, output)
+                self.seconds += time.perf_counter() - began
+
+            return hook
+
+        handles = [m.register_forward_hook(hook_for(p)) for p, m in model.named_modules()]
+        try:
+            with rng_watched() as watch:
+                yield
+            self.drew = watch.drew
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _keep(self, path: str, k: int, value: Any) -> None:
+        # as modes' own run keeps them (`_keep`): a call's first float tensor, in order
+        tensor = next((t for _, t in flat_tensors(value) if t.is_floating_point()), None)
+        if tensor is None or self.kept_bytes > _MAX_KEPT_BYTES:
+            return
+        self.calls.append((path, k, tensor.detach().clone()))
+        self.kept_bytes += tensor.numel() * tensor.element_size()
+
+    def finish(self, output: Any) -> None:
+        began = time.perf_counter()
+        self.outputs = [t.detach().clone() for _, t in float_outputs(output)]
+        self.finished = True
+        self.seconds += time.perf_counter() - began
+
+    def run(self, ctx: Context) -> _Run:
+        """The run as modes' `_forward` would have left it, named after the report's
+        nodes."""
+        known = module_node_names(ctx)
+        result = _Run(outputs=self.outputs, drew=self.drew, kept_bytes=self.kept_bytes)
+        for path, k, value in self.calls:
+            name = call_name(known, path, k)
+            result.values.setdefault(name, value)
+            result.paths.setdefault(name, path)
+        return result
+
+
+def records_eval(options: Any) -> bool:
+    """Whether the load's input check records modes' eval() run (`EvalRecorder`)."""
+    return not options.fake and options.wants("modes")
+
+
 def shares_train_forward(ctx: Context) -> bool:
     """Whether the model's own forward, as another pass runs it now (seeded with the
     report's seed, on the sample inputs), is modes' train() run: every module in train
@@ -89,11 +166,16 @@ def run(ctx: Context) -> None:
         section.error = FAKE_NOTE
         return
     recorded = ctx.results.modes_train
+    loaded = ctx.results.modes_eval
     with preserved(ctx.model):
-        # eval first: the train run updates BatchNorm running stats that eval would read
-        evaluated = _forward(ctx, training=False)
-        if evaluated.error is None:  # the export checks' eager run on the sample
-            ctx.results.eval_output = (ctx.inputs, evaluated.output)
+        if loaded is not None and loaded.finished and loaded.inputs is ctx.inputs:
+            evaluated = loaded.run(ctx)  # the load's check was this eval() run
+            ctx.results.modes_eval = None  # spent: its copies go
+        else:
+            # eval first: the train run updates BatchNorm running stats eval would read
+            evaluated = _forward(ctx, training=False)
+            if evaluated.error is None:  # the export checks' eager run on the sample
+                ctx.results.eval_output = (ctx.inputs, evaluated.output)
         # the reseeded run can only differ through the generators `seeded` seeds
         reseeded = (
             _forward(ctx, training=False, seed=ctx.options.seed + 1) if evaluated.drew else None

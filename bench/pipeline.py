@@ -10,6 +10,11 @@ For each case, in a fresh interpreter (so no case warms another's caches):
 A cold `import torch` is timed in between cases (median of 3). The target is
 report <= max(3 x step, 2 x cold import); the ratio printed is report / that budget.
 
+With `--warm`, each case first imports what a first analysis imports, as the service's
+zygote does before it forks a job (inspector/zygote/warmup.py): the report then costs
+what it costs a job, without the one-time lazy imports (fx's first trace alone pulls in
+torch.export, AOTAutograd and networkx) that a first `inspector inspect` pays.
+
 Threads are fixed to one (OMP_NUM_THREADS=1, torch.set_num_threads(1)) for the step and
 the report alike: the machine is shared, and ratios from the same process and minute are
 what compare. With one thread the passes run in forked children (inspector/isolation.py),
@@ -19,6 +24,7 @@ as the service's jobs do.
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python bench/pipeline.py --only mlp,deep --save /tmp/r
     git archive main | tar -x -C /tmp/main    # then, before and after in one run:
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python bench/pipeline.py --before /tmp/main
+    OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python bench/pipeline.py --warm
 """
 
 from __future__ import annotations
@@ -78,12 +84,20 @@ def training_step_seconds(model_ref: str, spec: str, steps: int) -> float:
     return statistics.median(times[1:])
 
 
-def one_case(name: str, steps: int, save: str | None) -> dict:
+def one_case(name: str, steps: int, save: str | None, warm: bool = False) -> dict:
     import torch
 
     torch.set_num_threads(1)
     from inspector.analyze import inspect_model
     from inspector.context import Options
+
+    if warm:  # as the zygote does: the imports a first analysis makes, learned in a child
+        import tempfile
+
+        from inspector.zygote.warmup import import_all, learned_imports
+
+        with tempfile.TemporaryDirectory() as folder:
+            import_all(learned_imports(Path(folder)))
 
     model_ref, spec = CASES[name]
     step = training_step_seconds(model_ref, spec, steps)
@@ -110,11 +124,14 @@ def cold_import_seconds(runs: int = 3) -> float:
     return statistics.median(times)
 
 
-def run_child(name: str, steps: int, save: str | None, code: str | None = None) -> dict:
+def run_child(
+    name: str, steps: int, save: str | None, code: str | None = None, warm: bool = False
+) -> dict:
     """One case in a fresh interpreter; `code`: the inspector package from that tree (the
     models still from this one)."""
     cmd = [sys.executable, __file__, "--case", name, "--steps", str(steps)]
     cmd += ["--save", save] if save else []
+    cmd += ["--warm"] if warm else []
     env = {**os.environ, "PYTHONPATH": code or str(ROOT)}
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -156,10 +173,15 @@ def main() -> int:
         help="also run each case with the inspector package of TREE (e.g. `git archive` of "
         "main unpacked there), interleaved; its reports go to DIR/before with --save",
     )
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="import first what a first analysis imports, as the service's zygote does",
+    )
     parser.add_argument("--case", help=argparse.SUPPRESS)  # the child's own case
     args = parser.parse_args()
     if args.case:
-        print(json.dumps(one_case(args.case, args.steps, args.save)))
+        print(json.dumps(one_case(args.case, args.steps, args.save, args.warm)))
         return 0
     trees = [("", None, args.save)]
     if args.before:
@@ -172,7 +194,7 @@ def main() -> int:
     rows = []
     for name in names:
         for tag, code, save in trees:
-            row = run_child(name, args.steps, save, code)
+            row = run_child(name, args.steps, save, code, args.warm)
             row["import_s"] = cold_import_seconds()
             row["label"] = f"{name} ({tag})" if tag else name
             rows.append(row)
@@ -180,7 +202,8 @@ def main() -> int:
                 f"{row['label']}: report {row['report_s']:.2f} s, step {row['step_s']:.3f} s",
                 flush=True,
             )
-    print(f"\nload average {os.getloadavg()[0]:.1f}, OMP_NUM_THREADS=1\n")
+    warmth = ", imports warm (as the zygote's)" if args.warm else ""
+    print(f"\nload average {os.getloadavg()[0]:.1f}, OMP_NUM_THREADS=1{warmth}\n")
     print(table(rows))
     return 0
 

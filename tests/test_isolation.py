@@ -307,6 +307,44 @@ def test_the_line_takes_over_the_passes_no_lane_has_begun(
     assert forked.meta.timings_s["export"] > 1.0  # the line's wait for the slow lane
 
 
+def test_a_pass_the_line_took_over_crashes_only_its_own_process(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The line takes over the compile check while the export checks' lane is busy; the
+    check crashes natively in its own process: its section is missing and said so, the
+    line and the other passes go on."""
+    import inspector.beside as beside
+    import inspector.passes.export as export
+
+    if not _two_cores():
+        pytest.skip("no spare core: nothing runs beside the line")
+
+    def slow_export(ctx):  # noqa: ANN001, ANN202
+        time.sleep(2.0)
+        return export.compute(ctx)
+
+    taken, take_over = tmp_path / "taken", beside.take_over
+
+    def watched(ctx, waiting, started, besides):  # noqa: ANN001, ANN202
+        take_over(ctx, waiting, started, besides)  # in a process of the chain: a file says
+        with open(taken, "a") as f:
+            f.writelines(f"{name}\n" for name, s in started.items() if s.taken_over)
+
+    monkeypatch.setattr(export, "fake_step_is_cheaper", lambda ctx: True)
+    monkeypatch.setattr(beside, "fake_step_is_cheaper", lambda ctx: True)
+    monkeypatch.setattr(beside, "_spare_cores", lambda: 1)
+    monkeypatch.setattr(beside, "take_over", watched)
+    _replace_beside(monkeypatch, "export", slow_export)
+    _replace_beside(monkeypatch, "compile", _segfault)
+    passes = {"graph", "memory", "gradients", "export", "compile", "findings"}
+    report = inspect_model(MLP, None, Options(passes=passes, isolate=True))
+    assert "compile" in taken.read_text().split()
+    assert list(report.meta.failed_passes) == ["compile"]
+    assert report.meta.failed_passes["compile"].startswith("killed by SIGSEGV")
+    assert report.export.targets[0].ok and report.memory.measured is not None
+    assert any("the compile pass crashed its process" in w for w in report.meta.warnings)
+
+
 def test_a_crash_beside_costs_only_that_pass(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

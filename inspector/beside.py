@@ -26,7 +26,8 @@ it runs in its place, in order.
 A pass no lane has begun yet is the line's to take over: where the line reaches a pass
 whose lane is still busy, it runs the passes queued behind in its own slot rather than
 wait (`take_over`). Whoever begins a pass claims it first (a file made exclusively), so
-each runs once, in a lane or in the line.
+each runs once, in a lane or in the line. A lane the kernel killed (out of memory) costs
+the pass it was running; the line runs those it had not begun in their place.
 
 As with every isolated pass, the work runs in a process of its own under its lane's
 process: a native crash costs only its section, said as the isolated passes say it; an
@@ -157,11 +158,16 @@ def take_over(
             continue
         if _claim(queued.path):  # no lane has begun it: it is the line's now
             queued.taken_over = True
-            gc.freeze()  # as the lanes do: the pass's process never copies these pages
-            try:
-                _run_claimed(ctx, besides[name].compute, queued.path, [])
-            finally:
-                gc.unfreeze()
+            _run_here(ctx, besides[name].compute, queued.path)
+
+
+def _run_here(ctx: Any, compute: Any, path: str) -> None:
+    """Run a pass this process claimed, in a process of its own, as a lane would."""
+    gc.freeze()  # as the lanes do: the pass's process never copies these pages
+    try:
+        _run_claimed(ctx, compute, path, [])
+    finally:
+        gc.unfreeze()
 
 
 def _done(started: Started) -> bool:
@@ -184,10 +190,14 @@ def collect(ctx: Any, started: Started, beside: Beside) -> int | None:
     with os.fdopen(started.read_fd, "rb") as f:
         if not started.taken_over:  # else its result is here already: no lane to wait for
             f.read()  # nothing comes: the end of file says the lane is past this pass
+    if not os.path.exists(started.result_path) and _claim(started.path):
+        # its lane was killed (out of memory) before it began this pass: run it here, in
+        # its place, as in order
+        _run_here(ctx, beside.compute, started.path)
     try:
         with open(started.result_path, "rb") as f:
             kind, payload, started.seconds = pickle.load(f)
-    except FileNotFoundError:  # the lane itself was killed (out of memory): so was the pass
+    except FileNotFoundError:  # the lane was killed (out of memory) while it ran the pass
         started.seconds = time.perf_counter() - started.began
         return signal.SIGKILL
     finally:
@@ -333,6 +343,8 @@ def _run_pass(ctx: Any, compute: Any, outcome_path: str, trace_path: str) -> Non
             data = pickle.dumps(("done", result))
         except BaseException as exc:  # noqa: BLE001 - the collector raises it
             data = pickle.dumps(raised_outcome(exc, ctx.loaded.user_files))
+            with suppress(OSError):  # no native crash to say where: not wanted
+                os.unlink(trace_path)
         tmp = f"{outcome_path}.tmp"
         with open(tmp, "wb") as f:
             f.write(data)

@@ -292,6 +292,8 @@ def _child(ctx: Any, passes: list[SelectedPass], i: int, line: _Line, trace_path
             channel.put(("report", ctx.report.to_json()))
     except BaseException as exc:  # noqa: BLE001 - the caller re-raises it
         code = _put_exception(channel, exc, ctx)
+        with suppress(OSError):  # no native crash to say where: not wanted
+            os.unlink(trace_path)
     finally:
         os._exit(code)
 

@@ -345,6 +345,33 @@ def test_a_pass_the_line_took_over_crashes_only_its_own_process(
     assert any("the compile pass crashed its process" in w for w in report.meta.warnings)
 
 
+def _kills_its_lane(ctx: object) -> None:
+    """A pass that takes its lane down with it, as the kernel's OOM killer would."""
+    os.kill(os.getppid(), signal.SIGKILL)  # the lane; this process dies with it
+    time.sleep(10)
+
+
+def test_a_killed_lane_costs_only_the_pass_it_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lane dies while it runs the export checks: they are reported killed, and the
+    measured step and compile check queued behind them, which it never began, run in the
+    line, in their place."""
+    import inspector.beside as beside
+    import inspector.passes.export as export
+
+    if not _two_cores():
+        pytest.skip("no spare core: nothing runs beside the line")
+    monkeypatch.setattr(export, "fake_step_is_cheaper", lambda ctx: True)
+    monkeypatch.setattr(beside, "fake_step_is_cheaper", lambda ctx: True)
+    monkeypatch.setattr(beside, "_spare_cores", lambda: 1)
+    _replace_beside(monkeypatch, "export", _kills_its_lane)
+    passes = {"graph", "memory", "gradients", "modes", "export", "compile", "findings"}
+    report = inspect_model(MLP, None, Options(passes=passes, isolate=True))
+    assert list(report.meta.failed_passes) == ["export"]
+    assert report.meta.failed_passes["export"].startswith("killed by SIGKILL")
+    assert report.memory.measured is not None  # run in the line
+    assert report.compile.computed and report.compile.graph_count == 1
+
+
 def test_a_crash_beside_costs_only_that_pass(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

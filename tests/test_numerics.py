@@ -199,3 +199,20 @@ def test_the_gradients_replay_gives_numerics_its_statistics() -> None:
     want = {n.name: n.stats for n in alone.report.nodes}
     assert got == want and sum(s is not None for s in got.values()) >= 5
     assert shared.results.numerics.computed and shared.results.numerics.method == "graph"
+
+
+def test_gradient_and_weight_norms_are_summed_in_float64() -> None:
+    """`vector_norm` sums a float32 tensor in float32: on 38.6 M values (GPT-2's embedding
+    gradient) 0.27% off. The grad and weight norms sum their squares in float64."""
+    from inspector.health.backprop import grad_stats
+    from inspector.health.stats import float64_norm
+
+    x = torch.randn(3_000_000, generator=torch.Generator().manual_seed(0)) * 1e-3
+    exact = torch.linalg.vector_norm(x.double()).item()
+    assert float64_norm(x) == pytest.approx(exact, rel=1e-12)
+    assert grad_stats(x).norm == pytest.approx(exact, rel=1e-12)
+    x[7] = float("nan")  # dropped from the norm, counted apart
+    stats = grad_stats(x)
+    assert stats.nan_count == 1 and stats.norm == pytest.approx(
+        torch.linalg.vector_norm(torch.nan_to_num(x, nan=0.0).double()).item(), rel=1e-12
+    )

@@ -10,6 +10,7 @@ from inspector.context import Context
 from inspector.health.backprop import BackwardRun
 from inspector.health.cutsite import cut_for, fx_cut_node
 from inspector.health.gates import gate_rows, is_vector, opened_grad_norms
+from inspector.health.stats import float64_norm
 from inspector.report import LayerGrad, ParamGrad
 
 __all__ = ["param_rows", "layer_rows", "owner", "module_grad_norms"]
@@ -20,7 +21,7 @@ def owner(name: str) -> str:
 
 
 def _norm(t: torch.Tensor) -> float:
-    return torch.linalg.vector_norm(t.detach().double()).item()
+    return float64_norm(t)
 
 
 def param_rows(ctx: Context, run: BackwardRun, th: dict[str, float]) -> list[ParamGrad]:

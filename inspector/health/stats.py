@@ -18,7 +18,14 @@ import torch
 
 from inspector.report import NumericStats
 
-__all__ = ["tensor_stats", "DEAD_MIN_SAMPLES", "FP16_MAX", "FP16_MIN_NORMAL", "MASK_ABS"]
+__all__ = [
+    "tensor_stats",
+    "float64_norm",
+    "DEAD_MIN_SAMPLES",
+    "FP16_MAX",
+    "FP16_MIN_NORMAL",
+    "MASK_ABS",
+]
 
 # the default of thresholds.DEFAULTS['dead_min_samples'] (why: there)
 DEAD_MIN_SAMPLES = 32
@@ -128,6 +135,21 @@ def _spread(values: torch.Tensor, total: float | None) -> tuple[float, float, fl
     if n < 2 or std == 0:
         return mean, std, None
     return mean, std, math.sqrt(rounding / n) / std
+
+
+def float64_norm(t: torch.Tensor) -> float:
+    """The 2-norm, its squares summed in float64 slice by slice: `vector_norm` sums a
+    float32 tensor in float32 (38.6 M values, GPT-2's embedding gradient's size: 0.27%
+    off), and a float64 copy of the whole tensor costs its pages."""
+    x = t.detach()
+    x = x.abs() if x.is_complex() else x
+    if not x.numel():
+        return 0.0
+    slices, squares = _Slices(x if x.dtype == torch.float64 else x.float()), 0.0
+    for part in slices:
+        wide = slices.wide(part)
+        squares += torch.dot(wide, wide).item()
+    return math.sqrt(squares)
 
 
 def _count(mask: torch.Tensor) -> int:

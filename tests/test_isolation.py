@@ -292,9 +292,14 @@ def test_the_line_takes_over_the_passes_no_lane_has_begun(
     monkeypatch.setattr(beside, "fake_step_is_cheaper", lambda ctx: True)
     monkeypatch.setattr(beside, "_spare_cores", lambda: 1)
     passes = {"graph", "memory", "gradients", "modes", "export", "compile", "findings"}
-    one = inspect_model(MLP, None, Options(passes=passes, isolate=False))
-    _replace_beside(monkeypatch, "export", slow_export)
-    forked = inspect_model(MLP, None, Options(passes=passes, isolate=True))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the forked passes run: the same sums, bit for bit
+    try:
+        one = inspect_model(MLP, None, Options(passes=passes, isolate=False))
+        _replace_beside(monkeypatch, "export", slow_export)
+        forked = inspect_model(MLP, None, Options(passes=passes, isolate=True))
+    finally:
+        torch.set_num_threads(threads)
     by = dict(line.split() for line in runs.read_text().splitlines())
     assert sorted(by) == ["compile", "export", "lane", "measure"]  # each run once
     assert len(runs.read_text().splitlines()) == 4

@@ -27,6 +27,7 @@ __all__ = [
     "graph_feed",
     "kind_of",
     "module_values",
+    "module_calls",
     "module_node_names",
     "call_name",
     "OnValue",
@@ -139,16 +140,30 @@ def module_values(ctx: Context, on_value: OnValue) -> Iterator[None]:
     """`on_value` on each module call's output, named as the graph's node of that call,
     while the block runs the model (here, or in another pass's forward)."""
     known = module_node_names(ctx)
+
+    def on_call(path: str, k: int, module: nn.Module, output: Any) -> None:
+        on_value(NodeRef(call_name(known, path, k), kind_of(module), path), output)
+
+    with module_calls(ctx.model, on_call):
+        yield
+
+
+@contextmanager
+def module_calls(
+    model: nn.Module, on_call: Callable[[str, int, nn.Module, Any], None]
+) -> Iterator[None]:
+    """`on_call(path, k, module, output)` on each module call's output while the block
+    runs: its path and call number (from 0), before any graph names it."""
     calls: dict[str, int] = {}
 
     def hook_for(path: str):  # noqa: ANN202
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             k = calls[path] = calls.get(path, -1) + 1
-            on_value(NodeRef(call_name(known, path, k), kind_of(module), path), output)
+            on_call(path, k, module, output)
 
         return hook
 
-    handles = [m.register_forward_hook(hook_for(p)) for p, m in ctx.model.named_modules()]
+    handles = [m.register_forward_hook(hook_for(p)) for p, m in model.named_modules()]
     try:
         yield
     finally:

@@ -22,6 +22,7 @@ from inspector.health.thresholds import resolve
 from inspector.health.values import (
     NodeRef,
     call_name,
+    module_calls,
     module_node_names,
     module_values,
     run_nodes,
@@ -97,25 +98,15 @@ class EvalRecorder:
     @contextmanager
     def watching(self, model: torch.nn.Module) -> Iterator[None]:
         """Around the seeded forward, inside its seeding (for `drew`)."""
-        counts: dict[str, int] = {}
 
-        def hook_for(path: str):  # noqa: ANN202
-            def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-                began = time.perf_counter()
-                k = counts[path] = counts.get(path, -1) + 1
-                self._keep(path, k, output)
-                self.seconds += time.perf_counter() - began
+        def on_call(path: str, k: int, module: torch.nn.Module, output: Any) -> None:
+            began = time.perf_counter()
+            self._keep(path, k, output)
+            self.seconds += time.perf_counter() - began
 
-            return hook
-
-        handles = [m.register_forward_hook(hook_for(p)) for p, m in model.named_modules()]
-        try:
-            with rng_watched() as watch:
-                yield
-            self.drew = watch.drew
-        finally:
-            for handle in handles:
-                handle.remove()
+        with module_calls(model, on_call), rng_watched() as watch:
+            yield
+        self.drew = watch.drew
 
     def _keep(self, path: str, k: int, value: Any) -> None:
         # as modes' own run keeps them (`_keep`): a call's first float tensor, in order

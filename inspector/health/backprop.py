@@ -20,7 +20,7 @@ from inspector.health.outputs import LossOutput, float_outputs, loss_outputs, ma
 from inspector.health.recorder import CutPoint, ForwardRecorder, InplaceOp, recording
 from inspector.health.scalefree import feeding_normalisation
 from inspector.health.state import seeded
-from inspector.health.stats import float64_norm
+from inspector.health.stats import float64_norm, nonzero_and_norm
 from inspector.tracebacks import INTERNAL_NOTE, inspector_fault
 from inspector.tracebacks import user_location as exc_location
 
@@ -69,8 +69,8 @@ class BackwardRun:
 
 def grad_stats(grad: torch.Tensor) -> GradStats:
     g = grad.detach()
-    zero = 1.0 - torch.count_nonzero(g).item() / g.numel() if g.numel() else 0.0
-    norm = float64_norm(g)
+    nonzero, norm = nonzero_and_norm(g)
+    zero = 1.0 - nonzero / g.numel() if g.numel() else 0.0
     if math.isfinite(norm):  # the common case: no NaN/Inf to count
         return GradStats(norm, zero, 0, 0)
     finite = torch.isfinite(g)

@@ -12,7 +12,11 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 from torch.nn.modules.instancenorm import _InstanceNorm
 
-__all__ = ["mode_dependent", "reads_training", "BatchNormInput", "batchnorm_probe"]
+from inspector.health.slices import SLICE
+
+__all__ = [
+    "mode_dependent", "reads_training", "BatchNormInput", "batchnorm_probe", "channel_variance",
+]  # fmt: skip
 
 
 @functools.cache
@@ -63,9 +67,29 @@ def _running_stats(module: nn.Module, x: torch.Tensor, found: BatchNormInput) ->
             (mean == 0).all() and (var == 1).all() and (tracked is None or int(tracked) == 0)
         )
         if found.values_per_channel > 1:
-            batch = x.detach().transpose(0, 1).reshape(x.shape[1], -1).float().var(1)
-            ratio = batch / var.float().clamp_min(1e-12)
+            ratio = channel_variance(x.detach()) / var.double().clamp_min(1e-12)
             found.batch_var_ratio = float(ratio.max())
+
+
+def channel_variance(x: torch.Tensor) -> torch.Tensor:
+    """Each channel's (dim 1's) unbiased variance over the batch and the other dims, in
+    float64: two passes over a few batch items at a time, through one buffer of their
+    size. The whole tensor transposed and copied (`x.transpose(0, 1).reshape(C, -1)`),
+    then `var`, cost 35 ms on a [8, 64, 112, 112] input, and a forward has a BatchNorm
+    after every convolution."""
+    n, c = x.shape[0], x.shape[1]
+    rest = x.reshape(n, c, -1)  # a view where x is contiguous
+    per = max(1, SLICE // max(c * rest.shape[2], 1))  # batch items per chunk
+    chunks = [rest[i : i + per].float() for i in range(0, n, per)]
+    count = rest.shape[0] * rest.shape[2]
+    mean = sum(chunk.sum(dim=(0, 2)).double() for chunk in chunks) / count
+    centre = mean.float().view(1, c, 1)
+    buffer = torch.empty(chunks[0].numel(), dtype=torch.float32)
+    squares = torch.zeros(c, dtype=torch.float64)
+    for chunk in chunks:
+        centred = torch.sub(chunk, centre, out=buffer[: chunk.numel()].view(chunk.shape))
+        squares += centred.mul_(centred).sum(dim=(0, 2)).double()
+    return squares / (count - 1)
 
 
 def batchnorm_probe(model: nn.Module, seen: dict[str, BatchNormInput]) -> list:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from inspector.context import Context
-from inspector.health.maxdiff import float32_max_abs_diff
+from inspector.health.maxdiff import all_close, float32_max_abs_diff
 from inspector.health.modecheck import BatchNormInput, batchnorm_probe, mode_dependent
 from inspector.health.outputs import flat_tensors, float_outputs
 from inspector.health.state import preserved, rng_watched, seeded
@@ -249,7 +249,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, th: dict) -> bool:
         return False
     if a.dtype == b.dtype and torch.equal(a, b):
         return True
-    return torch.allclose(a, b, rtol=th["mode_rtol"], atol=th["mode_atol"], equal_nan=True)
+    return all_close(a, b, rtol=th["mode_rtol"], atol=th["mode_atol"])
 
 
 def _compare(ctx: Context, train: _Run, evaluated: _Run) -> None:

@@ -209,11 +209,10 @@ def _started_beside(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 def _replace_beside(monkeypatch: pytest.MonkeyPatch, name: str, compute: object) -> None:
     """Pass `name` computes with `compute`, in order and beside the others alike."""
-    from inspector.beside import Beside
+    from dataclasses import replace
 
     _replace(monkeypatch, name, compute)
-    spec = analyze.BESIDE[name]
-    besides = {**analyze.BESIDE, name: Beside(spec.after, compute, spec.apply, spec.needs)}
+    besides = {**analyze.BESIDE, name: replace(analyze.BESIDE[name], compute=compute)}
     monkeypatch.setattr(analyze, "BESIDE", besides)
 
 
@@ -256,6 +255,42 @@ def test_passes_beside_give_the_report_in_order(
     # each in its place
     stages = ["gradients", "modes", "export", "measure", "compile", "findings"]
     assert list(forked.meta.timings_s)[-6:] == stages
+
+
+def test_where_real_runs_are_dear_the_lanes_start_once_the_graph_is_known(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Where real runs are the dear ones, the passes beside start after the graph pass,
+    before the memory pass has run (sized by the graph's bounds); elsewhere after it, as
+    its estimate sizes them."""
+    import inspector.beside as beside
+
+    if not _two_cores():
+        pytest.skip("no spare core: nothing runs beside the line")
+    starts, start = tmp_path / "starts", beside._start
+
+    def marked(ctx, lane, prefix, number):  # noqa: ANN001, ANN202
+        when = "before-memory" if ctx.results.memory is None else "after-memory"
+        with open(starts, "a") as f:
+            f.write(" ".join(q.name for q in lane) + f" {when}\n")
+        return start(ctx, lane, prefix, number)
+
+    monkeypatch.setattr(beside, "_start", marked)
+    monkeypatch.setattr(beside, "_spare_cores", lambda: 1)
+    passes = {"graph", "memory", "gradients", "compile", "findings"}
+    reports = {}
+    for dear in (True, False):
+        monkeypatch.setattr(beside, "fake_step_is_cheaper", lambda ctx, dear=dear: dear)
+        reports[dear] = inspect_model(MLP, None, Options(passes=passes, isolate=True))
+    assert starts.read_text().splitlines() == [
+        "measure compile before-memory",  # one lane per spare core
+        "measure after-memory",  # a lane per pass: the work is Python
+        "compile after-memory",
+    ]
+    for report in reports.values():
+        assert report.memory.measured is not None and report.compile.computed
+        assert not report.meta.failed_passes
+    assert _comparable(reports[True]) == _comparable(reports[False])
 
 
 def test_the_line_takes_over_the_passes_no_lane_has_begun(
@@ -448,7 +483,11 @@ def test_the_export_checks_go_beside_only_where_real_runs_are_dear() -> None:
     def ctx(rerun: float, forward: float) -> SimpleNamespace:
         return SimpleNamespace(
             fake_mode=None,
-            report=SimpleNamespace(memory=SimpleNamespace(forward_peak_bytes=1000)),
+            report=SimpleNamespace(
+                memory=SimpleNamespace(
+                    forward_peak_bytes=1000, saved_activation_bytes=2000, train_peak_bytes=5000
+                )
+            ),
             results=SimpleNamespace(
                 real_forward_seconds=forward,
                 memory=SimpleNamespace(rerun_cost=rerun, on_fake=True),

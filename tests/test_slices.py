@@ -113,3 +113,27 @@ def test_nonzero_and_norm_across_slices() -> None:
     assert grad_stats(x).zero_fraction == 1.0 - nonzero / x.numel()
     assert nonzero_and_norm(x, count=False) == (0, norm)
     assert nonzero_and_norm(torch.empty(0)) == (0, 0.0)
+
+
+def test_value_statistics_in_one_pass_are_their_float64_definitions() -> None:
+    """Mean and spread combined from the slices' own (Chan et al.), counts and range, on
+    values offset far from zero, with zeros, tiny values and float16 overflows in later
+    slices."""
+    from inspector.health.stats import FP16_MAX, FP16_MIN_NORMAL, tensor_stats
+
+    x = _randn(3 * SLICE + 17) * 3 + 1e4
+    x[SLICE + 5 : SLICE + 500] = 0.0
+    x[2 * SLICE + 1 : 2 * SLICE + 40] = 1e-6  # float16 subnormal
+    x[3 * SLICE + 3] = 1e5  # float16 overflow
+    wide = x.double()
+    stats = tensor_stats(x)
+    assert stats.mean == pytest.approx(wide.mean().item(), rel=1e-14)
+    assert stats.std == pytest.approx(wide.std(correction=0).item(), rel=1e-12)
+    assert (stats.min, stats.max) == (x.min().item(), x.max().item())
+    assert stats.zero_fraction == pytest.approx(495 / x.numel(), rel=1e-12)
+    assert stats.fp16_overflow_count == int((x.abs() > FP16_MAX).sum()) == 1
+    tiny = int(((x.abs() < FP16_MIN_NORMAL) & (x != 0)).sum())
+    assert stats.fp16_underflow_fraction == tiny / int((x != 0).sum())
+    error = (x.bfloat16().double() - wide).pow(2).mean().sqrt().item()
+    assert stats.bf16_error == pytest.approx(error / wide.std(correction=0).item(), rel=1e-12)
+    assert stats.nan_count == stats.inf_count == 0

@@ -23,7 +23,7 @@ class Slices:
 
     def __init__(self, values: torch.Tensor) -> None:
         self.flat = values.reshape(-1)
-        size = min(self.flat.numel(), SLICE)
+        self.size = size = min(self.flat.numel(), SLICE)  # of the largest slice
         self._wide = torch.empty(size, dtype=torch.float64)
         self._same = torch.empty(size, dtype=values.dtype)
         self._mask = torch.empty(size, dtype=torch.bool)

@@ -30,6 +30,7 @@ from inspector.context import Context, Inputs
 from inspector.fakevalues import new_fake_mode
 from inspector.graph.symdims import perturbed_value
 from inspector.health.state import preserved
+from inspector.memory.rough import step_bytes
 from inspector.memory.shadow import fake_inputs, fake_shadow
 from inspector.realcost import fake_step_is_cheaper
 from inspector.report import Compile, Recompile
@@ -77,12 +78,12 @@ def needs(ctx: Context) -> int | None:
     the real inputs: the activations the estimate saves, and its inference forward's
     peak on top. On a fake copy (where that is cheaper) nothing real is allocated but
     the inputs at other dims: an inference forward's peak is room enough."""
-    mem = ctx.report.memory
-    if mem.saved_activation_bytes is None or mem.forward_peak_bytes is None:
+    known = step_bytes(ctx)
+    if known is None:
         return None
     if ctx.fake_mode is None and _fake_is_cheaper(ctx):
-        return mem.forward_peak_bytes
-    return mem.saved_activation_bytes + mem.forward_peak_bytes
+        return known.forward_peak
+    return known.saved + known.forward_peak
 
 
 def apply(ctx: Context, section: Compile) -> None:

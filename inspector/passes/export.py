@@ -29,6 +29,7 @@ from inspector.health.exportmatch import (
     check_target,
 )
 from inspector.libraryoutput import library_output_captured, printed_summary
+from inspector.memory.rough import step_bytes
 from inspector.realcost import fake_step_is_cheaper
 from inspector.report import ExportTarget
 from inspector.tracebacks import user_location
@@ -168,10 +169,10 @@ def needs(ctx: Context) -> int | None:
     where real runs are the cheap ones: the passes after memory then end before the
     export's tracing (Python) does, and a third process only slowed the others down (a
     1,000-layer stack: 11.1 s to 12.7 s)."""
-    peak = ctx.report.memory.forward_peak_bytes
-    if peak is None or not fake_step_is_cheaper(ctx):
+    known = step_bytes(ctx)
+    if known is None or not fake_step_is_cheaper(ctx):
         return None
-    return 3 * peak
+    return 3 * known.forward_peak
 
 
 def _try(

@@ -15,6 +15,7 @@ from inspector.context import Context
 from inspector.detection import training_inputs
 from inspector.memory.analysis import step_options
 from inspector.memory.measure import Measurement, measure, relative_error
+from inspector.memory.rough import step_bytes
 from inspector.report import MeasuredMemory
 
 __all__ = ["run", "wanted", "compute", "apply", "needs"]
@@ -30,9 +31,11 @@ def run(ctx: Context) -> None:
 
 
 def needs(ctx: Context) -> int | None:
-    """Bytes the measured step takes: the estimate's training-step peak (it runs on a
-    copy of the model, counted there); its inference forward takes less."""
-    return ctx.report.memory.train_peak_bytes
+    """Bytes the measured step takes: the estimate's training-step peak, or its bound
+    before the estimate (it runs on a copy of the model, counted there); its inference
+    forward takes less."""
+    known = step_bytes(ctx)
+    return known.train_peak if known is not None else None
 
 
 def compute(ctx: Context) -> Measurement | str:

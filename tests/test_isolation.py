@@ -496,3 +496,36 @@ def test_the_export_checks_go_beside_only_where_real_runs_are_dear() -> None:
 
     assert export.needs(ctx(rerun=0.07, forward=0.2)) == 3000  # ResNet-18-like
     assert export.needs(ctx(rerun=1.0, forward=0.02)) is None  # a deep, narrow stack
+
+
+def _second_fill_faults(keep: bool) -> int:
+    """Minor page faults of filling a 64 MB tensor again after freeing the first one, in
+    a forked process (a pass's process where `keep`)."""
+    from inspector.isolation import _keep_freed_memory
+
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        import resource
+
+        if keep:
+            _keep_freed_memory()
+        torch.ones(16 << 20)  # 64 MB, freed at once
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        torch.ones(16 << 20)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        os.write(write_fd, str(faults).encode())
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as f:
+        faults = int(f.read())
+    os.waitpid(pid, 0)
+    return faults
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_a_pass_process_keeps_what_it_frees_for_its_next_forward() -> None:
+    """glibc gives a 64 MB block back to the kernel when it is freed, and the next one
+    faults its 16,384 pages in again; a pass's process keeps it."""
+    assert _second_fill_faults(keep=False) >= 16_000
+    assert _second_fill_faults(keep=True) < 200

@@ -247,3 +247,35 @@ def test_the_load_check_is_modes_eval_run(monkeypatch: pytest.MonkeyPatch) -> No
     divergence = [(n.name, n.mode_divergence) for n in recorded.nodes]
     assert divergence == [(n.name, n.mode_divergence) for n in own.nodes]
     assert sum(d is not None for _, d in divergence) >= 5  # the module calls, both shared
+
+
+def test_the_train_run_is_compared_as_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the load's eval() run recorded and the gradients pass's forward as the train()
+    run, each train value is compared with the eval one as the forward makes it, none
+    copied; the section and every node's divergence equal those modes works out from
+    copies (here: its own eval() run, so the train values are copied)."""
+    import inspector.analyze as analyze
+    from inspector.analyze import inspect_model
+
+    compares: list[str] = []
+    compare = modes._Against.compare
+
+    def counted(self, run, ref, value):  # noqa: ANN001, ANN202
+        compares.append(ref.name)
+        return compare(self, run, ref, value)
+
+    monkeypatch.setattr(modes._Against, "compare", counted)
+    ref, spec = "tests/test_modes.py:EvalDraws", '{"x": {"shape": ["B", 8]}, "dims": {"B": 16}}'
+    options = Options(passes={"graph", "gradients", "modes"}, isolate=False, seed=3)
+    compared = inspect_model(ref, spec, options)
+    assert len(compares) >= 5  # every module call of the train() run
+    monkeypatch.setattr(analyze, "records_eval", lambda options: False)
+    compares.clear()
+    own = inspect_model(ref, spec, options)
+    assert compares == []  # modes' own eval() run: the train values were copied
+    a, b = compared.modes, own.modes
+    assert a.computed and a.output_max_abs_diff > 0 and a.first_divergent_node is not None
+    assert a.model_dump() == b.model_dump()
+    divergence = [(n.name, n.mode_divergence) for n in compared.nodes]
+    assert divergence == [(n.name, n.mode_divergence) for n in own.nodes]
+    assert sum(d is not None for _, d in divergence) >= 5

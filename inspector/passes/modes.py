@@ -46,6 +46,41 @@ class _Run:
     drew: bool = False  # drew from the generators `seeded` seeds
     error: str | None = None
     internal: bool = False  # `error` is the inspector's own failure (a graph replay)
+    # train values compared with the recorded eval run's as the forward made them, not
+    # kept (`_Against`): name -> (max |train - eval|, closeness; None where not needed)
+    compared: dict[str, tuple[float, bool | None]] = field(default_factory=dict)
+
+
+class _Against:
+    """The train() run's values compared with the eval() run's as the forward makes them,
+    instead of copied for modes to compare later: ResNet-18 at [8, 3, 224, 224] copied
+    every module's output (200 MB, 0.1 s of its gradients pass). The same figures as
+    `_compare` works out from copies: each node's max |train - eval|, and closeness for
+    the nodes before the first apart one in eval order (a node is tested unless one
+    earlier in eval order was already found apart, so the first is always tested)."""
+
+    def __init__(self, evaluated: _Run, th: dict) -> None:
+        self.evaluated = evaluated.values
+        self.order = {name: i for i, name in enumerate(evaluated.values)}
+        self.th = th
+        self.first_apart: int | None = None  # eval-order index of the earliest found apart
+
+    def compare(self, run: _Run, ref: NodeRef, value: Any) -> None:
+        expected = self.evaluated.get(ref.name)
+        if expected is None or ref.name in run.compared:  # no eval value, or a later call
+            return
+        tensor = next((t for _, t in flat_tensors(value) if t.is_floating_point()), None)
+        if tensor is None:
+            return
+        with torch.no_grad():
+            tensor = tensor.detach()
+            close = None
+            index = self.order[ref.name]
+            if self.first_apart is None or index < self.first_apart:
+                close = _close(tensor, expected, self.th)
+                if not close:
+                    self.first_apart = index
+            run.compared[ref.name] = (_max_diff(tensor, expected), close)
 
 
 class TrainRecorder:
@@ -57,9 +92,13 @@ class TrainRecorder:
         self.run = _Run()
         self.batchnorm: dict[str, BatchNormInput] = {}
         self.finished = False  # the forward returned
+        self._against: _Against | None = None  # the eval run modes will compare with
 
     @contextmanager
     def watching(self, ctx: Context) -> Iterator[None]:
+        recorded = _recorded_eval(ctx)
+        if recorded is not None:
+            self._against = _Against(recorded.run(ctx), resolve(ctx.options))
         handles = batchnorm_probe(ctx.model, self.batchnorm)
         try:
             with module_values(ctx, self._keep):
@@ -71,7 +110,10 @@ class TrainRecorder:
     def _keep(self, ref: NodeRef, value: Any) -> None:
         # the copies are ours: unseen by the recorder that watches the user's ops
         with torch._C.DisableTorchFunction():
-            _keep(self.run, ref, value)
+            if self._against is not None:
+                self._against.compare(self.run, ref, value)
+            else:
+                _keep(self.run, ref, value)
 
     def finish(self, output: Any) -> None:
         with torch._C.DisableTorchFunction():
@@ -139,6 +181,14 @@ def records_eval(options: Any) -> bool:
     return not options.fake and options.wants("modes")
 
 
+def _recorded_eval(ctx: Context) -> EvalRecorder | None:
+    """The load check's recording, where it is modes' eval() run on these inputs."""
+    loaded = ctx.results.modes_eval
+    if loaded is not None and loaded.finished and loaded.inputs is ctx.inputs:
+        return loaded
+    return None
+
+
 def shares_train_forward(ctx: Context) -> bool:
     """Whether the model's own forward, as another pass runs it now (seeded with the
     report's seed, on the sample inputs), is modes' train() run: every module in train
@@ -157,9 +207,9 @@ def run(ctx: Context) -> None:
         section.error = FAKE_NOTE
         return
     recorded = ctx.results.modes_train
-    loaded = ctx.results.modes_eval
+    loaded = _recorded_eval(ctx)
     with preserved(ctx.model):
-        if loaded is not None and loaded.finished and loaded.inputs is ctx.inputs:
+        if loaded is not None:
             evaluated = loaded.run(ctx)  # the load's check was this eval() run
             ctx.results.modes_eval = None  # spent: its copies go
         else:
@@ -260,14 +310,22 @@ def _compare(ctx: Context, train: _Run, evaluated: _Run) -> None:
     by_name = {node.name: node for node in ctx.report.nodes}
     last = _last_node_of_module(ctx)
     for name, value in evaluated.values.items():
-        other = train.values.get(name)
-        if other is None:
+        if name in train.compared:  # compared as the train run made it (`_Against`)
+            diff, close = train.compared[name]
+        elif (other := train.values.get(name)) is not None:
+            diff, close = _max_diff(other, value), None
+        else:
             continue
         node = by_name.get(name) or last.get(evaluated.paths.get(name))
         if node is not None:
-            node.mode_divergence = _max_diff(other, value)
-        # only the first divergent node is named: later ones need no closeness test
-        if section.first_divergent_node is None and not _close(other, value, th):
+            node.mode_divergence = diff
+        # only the first divergent node is named: later ones need no closeness test (a
+        # compared node was tested unless an earlier one was apart: named by then)
+        if section.first_divergent_node is not None:
+            continue
+        if close is None:
+            close = _close(train.values[name], value, th)
+        if not close:
             section.first_divergent_node = node.name if node is not None else name
 
 

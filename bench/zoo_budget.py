@@ -99,9 +99,10 @@ def main() -> int:
     if args.model:
         print(json.dumps(one_model(args.model, args.steps)))
         return 0
-    import zoo_models
-
     import inspector  # noqa: F401 - before torchvision (zoo_models imports it)
+
+    # isort: split
+    import zoo_models
 
     names = args.only.split(",") if args.only else zoo_models.names(heavy=False)
     names = names[: args.count] if args.count else names

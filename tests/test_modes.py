@@ -279,3 +279,35 @@ def test_the_train_run_is_compared_as_it_runs(monkeypatch: pytest.MonkeyPatch) -
     divergence = [(n.name, n.mode_divergence) for n in compared.nodes]
     assert divergence == [(n.name, n.mode_divergence) for n in own.nodes]
     assert sum(d is not None for _, d in divergence) >= 5
+
+
+def test_a_train_run_compared_with_another_eval_run_is_not_used() -> None:
+    """A train() run compared as it ran against the load's eval() run holds no values:
+    where modes does not use that eval run (here: spent, and the BatchNorm's running
+    stats changed since, so modes' own eval() run differs), it runs train() itself rather
+    than report differences from another eval() run."""
+    from inspector.health.state import preserved
+    from inspector.passes import gradients
+
+    torch.manual_seed(0)
+    model, x = _BatchNormNet(), torch.randn(4, 3, 8, 8)
+    ctx = context_for(model, (x,), options=Options(passes={"gradients", "modes"}))
+    recorder = modes.EvalRecorder(ctx.inputs)
+    with torch.no_grad(), preserved(model):
+        model.eval()
+        with recorder.watching(model):
+            recorder.finish(ctx.inputs.call(model))
+    ctx.results.modes_eval = recorder
+    gradients.run(ctx)
+    assert ctx.results.modes_train is not None and ctx.results.modes_train.run.compared
+    with torch.no_grad():
+        model.body[1].running_mean += 1.0  # modes' own eval() run differs from the recorded
+    ctx.results.modes_eval = None
+    modes.run(ctx)
+    alone = context_for(model, (x,), options=Options(passes={"modes"}))
+    modes.run(alone)
+    assert ctx.report.modes.computed
+    assert ctx.report.modes.model_dump() == alone.report.modes.model_dump()
+    assert [n.mode_divergence for n in ctx.report.nodes] == [
+        n.mode_divergence for n in alone.report.nodes
+    ]

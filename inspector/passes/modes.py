@@ -221,7 +221,9 @@ def run(ctx: Context) -> None:
         reseeded = (
             _forward(ctx, training=False, seed=ctx.options.seed + 1) if evaluated.drew else None
         )
-        if recorded is not None:  # the gradients pass's forward was this train() run
+        # the gradients pass's forward was this train() run; one compared with the load's
+        # eval() run as it ran holds no values, so it stands only where that run is this one
+        if recorded is not None and (loaded is not None or not recorded.run.compared):
             train = recorded.run
             batchnorm.update(recorded.batchnorm)
         else:

@@ -8,7 +8,7 @@ the model and inputs are built by the inspector's loader and input spec, as the 
 builds them), the second call after a warm-up, one thread:
 - `fit`: the inputs-fit check, one eval forward without grad;
 - `measured`: the memory estimate's ground truth, one inference forward and one AdamW
-  training step (forward, a mean loss, backward, `step()`);
+  training step (forward, the report's loss, backward, `step()`);
 - `gradients`: one forward and backward (gradient flow, per-node numerics);
 - `export`: `torch.export.export` (non-strict, the batch dim dynamic), `.module()`, and
   one run of the program at the sample;
@@ -60,13 +60,6 @@ def _second(fn: Any) -> float:
     return time.perf_counter() - start
 
 
-def _mean_loss(output: Any) -> Any:
-    from torch.utils._pytree import tree_leaves
-
-    floats = [t for t in tree_leaves(output) if hasattr(t, "is_floating_point")]
-    return sum(t.float().mean() for t in floats if t.is_floating_point())
-
-
 def _doubled(spec: str) -> str:
     data = json.loads(spec)
     dims = data.get("dims", {})
@@ -80,8 +73,10 @@ def pieces(model_ref: str, spec: str) -> dict[str, float]:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from inspector.health.outputs import make_loss
     from inspector.inputspec import parse_input
     from inspector.loaders.load import load_model
+    from inspector.memory.shadow import fake_inputs
 
     torch.set_num_threads(1)
     loaded = load_model(model_ref)
@@ -94,16 +89,19 @@ def pieces(model_ref: str, spec: str) -> dict[str, float]:
         with torch.no_grad():
             model(*args, **kwargs)
 
+    def loss(batch: Any) -> Any:  # the report's loss, as the timed training step's
+        return make_loss(batch.call(model), batch, loaded.loss_fn)[0]
+
     def forward_backward() -> None:
         model.train()
-        _mean_loss(model(*args, **kwargs)).backward()
+        loss(inputs).backward()
         model.zero_grad(set_to_none=True)
 
     optimizer = torch.optim.AdamW(model.parameters())
 
     def train_step() -> None:
         model.train()
-        _mean_loss(model(*args, **kwargs)).backward()
+        loss(inputs).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -138,17 +136,11 @@ def pieces(model_ref: str, spec: str) -> dict[str, float]:
                 name: mode.from_tensor(t)
                 for name, t in (*model.named_parameters(), *model.named_buffers())
             }
-            fake_args = [
-                mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in batch.args
-            ]
-            fake_kwargs = {
-                k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
-                for k, v in batch.kwargs.items()
-            }
+            fake = fake_inputs(batch, mode)
             with mode:
                 model.train()
-                output = torch.func.functional_call(model, state, tuple(fake_args), fake_kwargs)
-                _mean_loss(output).backward()
+                output = torch.func.functional_call(model, state, tuple(fake.args), fake.kwargs)
+                make_loss(output, fake, loaded.loss_fn)[0].backward()
 
     out["memory"] = _second(fake_steps)
     return out

@@ -41,6 +41,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from inspector.fakekernels import Widening, remember_refusal, standins, widening_for
 from inspector.fakememo import FakeMemo
 from inspector.fakenew import FakeMaker
+from inspector.fakerules import FakeRules
 from inspector.fakeviews import PLAIN_VIEWS, plain_view
 
 __all__ = [
@@ -108,6 +109,7 @@ class ValuedFakeTensorMode(FakeTensorMode):
         self.valued = WeakTensorKeyDictionary()  # the fakes with values, for aliases
         self.maker = FakeMaker(self)  # new fake tensors for the views and the memo
         self.memo = FakeMemo(self, has_value, self.maker)
+        self.rules = FakeRules(self, has_value, self.maker)  # at any size, by rule
 
     def __enter__(self) -> ValuedFakeTensorMode:
         _teach_transformers()
@@ -122,6 +124,13 @@ class ValuedFakeTensorMode(FakeTensorMode):
         widening = widening_for(func, args, kwargs)
         if widening is not None:  # the fake kernel refuses what the real one runs
             return self._widened(func, types, args, kwargs, widening)
+        rule_key = self.rules.key(func, args, kwargs)
+        if rule_key is not None:
+            out = self.rules.answer(rule_key, func, args, kwargs)
+            if out is None:
+                out = self._dispatch(func, types, args, kwargs)
+                self.rules.remember(rule_key, func, args, kwargs, out)
+            return out
         key = self.memo.key(func, args, kwargs)
         if key is None:
             return self._dispatch(func, types, args, kwargs)

@@ -4,6 +4,7 @@ for (writes, aliases, values, constants)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
@@ -14,6 +15,12 @@ from inspector.fakevalues import new_fake_mode, value_of
 from inspector.memory.tracker import LiveTracker
 
 aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def _memo_alone(monkeypatch):
+    """The rules (inspector/fakerules.py) answer some of these ops at any size first."""
+    monkeypatch.setattr(FakeRules, "key", lambda self, *call: None)
 
 
 def _meta(t: torch.Tensor) -> tuple:
@@ -60,8 +67,7 @@ def test_a_tuple_output_comes_back_whole_and_fresh(dispatched):
     assert len({t.untyped_storage()._cdata for t in (*first, *second)}) == 6
 
 
-def test_writes_aliases_values_and_constants_take_the_fake_modes_path(dispatched, monkeypatch):
-    monkeypatch.setattr(FakeRules, "key", lambda self, *call: None)  # the memo alone
+def test_writes_aliases_values_and_constants_take_the_fake_modes_path(dispatched):
     mode = new_fake_mode()
     with mode:
         x = torch.empty(4, 4)
@@ -92,7 +98,6 @@ def test_an_output_sharing_an_input_storage_is_not_kept():
 def _peak_of_a_fake_step(memo_on: bool, monkeypatch) -> tuple[int, int, list]:
     torch.manual_seed(0)
     mode = new_fake_mode()
-    monkeypatch.setattr(FakeRules, "key", lambda self, *call: None)  # the memo alone
     if not memo_on:
         monkeypatch.setattr(FakeMemo, "answer", lambda self, key: None)
     with mode:

@@ -24,7 +24,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from inspector.fakenew import FakeMaker
 from inspector.graph.metamemo import PLAIN_ARGUMENTS, flat_arguments, makes_new_tensors
 
-__all__ = ["FakeMemo"]
+__all__ = ["FakeMemo", "plain_fake_key", "input_storages", "fresh_output"]
 
 _Spec = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device]
 
@@ -48,32 +48,10 @@ class FakeMemo:
             return None
         if get_proxy_mode() is not None:  # tracing: the tracer follows each op's own outputs
             return None
-        flat_args = flat_arguments(args, kwargs)
-        if flat_args is None:
-            return None
-        structure, flat = flat_args
         # what else the fake mode's own cache keys on: a default dtype or device may be
         # an output's, and inference tensors are another kind
-        parts: list[Any] = [func, structure, torch.get_default_dtype(), _default_device()]
-        parts.append(torch.is_inference_mode_enabled())
-        tensors = 0
-        for x in flat:
-            if type(x) is FakeTensor:
-                if x.fake_mode is not mode or x.constant is not None or self.has_value(x):
-                    return None
-                if x.layout != torch.strided:
-                    return None
-                parts.append((tuple(x.shape), x.stride(), x.dtype, x.storage_offset(),
-                              x.fake_device, x.is_conj(), x.is_neg(), x.requires_grad))  # fmt: skip
-                tensors += 1
-            elif isinstance(x, torch.Tensor):  # real, or another subclass: its own rules
-                return None
-            elif isinstance(x, PLAIN_ARGUMENTS):
-                parts.append((type(x), x))  # 1 and True and 1.0 are different arguments
-            else:
-                return None
-        # A factory (no tensor argument) may be given a value (inspector.fakevalues)
-        return tuple(parts) if tensors else None
+        head = [torch.get_default_dtype(), _default_device(), torch.is_inference_mode_enabled()]
+        return plain_fake_key(self, func, args, kwargs, head, _exact)
 
     def answer(self, key: tuple) -> Any:
         """Fresh outputs for a key seen before, or None."""
@@ -96,23 +74,66 @@ class FakeMemo:
         outs = (out,) if isinstance(out, torch.Tensor) else out
         if not isinstance(outs, tuple) or not outs:
             return
-        inputs = {
-            x.untyped_storage()._cdata
-            for x in (flat_arguments(args, kwargs) or ((), []))[1]
-            if isinstance(x, torch.Tensor)
-        }
-        specs = []
-        for t in outs:
-            if type(t) is not FakeTensor or t.fake_mode is not self.mode or t.constant is not None:
-                return
-            if self.has_value(t) or t.layout != torch.strided or t.storage_offset() != 0:
-                return
-            if t.is_conj() or t.is_neg() or t.untyped_storage()._cdata in inputs:
-                return
-            if t.untyped_storage().nbytes() != _dense_bytes(t):  # a slice of a larger buffer
-                return
-            specs.append((tuple(t.shape), t.stride(), t.dtype, t.fake_device))
+        inputs = input_storages(args, kwargs)
+        if not all(fresh_output(self, t, inputs) for t in outs):
+            return
+        specs = [(tuple(t.shape), t.stride(), t.dtype, t.fake_device) for t in outs]
         self.outputs[key] = (isinstance(out, torch.Tensor), tuple(specs))
+
+
+def _exact(x: FakeTensor) -> tuple:
+    return (tuple(x.shape), x.stride(), x.dtype, x.storage_offset(), x.fake_device,
+            x.is_conj(), x.is_neg(), x.requires_grad)  # fmt: skip
+
+
+def plain_fake_key(
+    keeper: Any, func: Any, args: tuple, kwargs: dict, head: list, describe: Any
+) -> tuple | None:
+    """A key for a call whose tensors are plain fake tensors of `keeper.mode` (no constant,
+    no real value, strided), arguments at most one list deep: the op, the arguments'
+    structure, `head`, then `describe(t)` per tensor and (type, value) per other argument.
+    None for any other call, for a tensor `describe` refuses (None), or for no tensor (a
+    factory may be given a value: inspector.fakevalues)."""
+    flat_args = flat_arguments(args, kwargs)
+    if flat_args is None:
+        return None
+    structure, flat = flat_args
+    parts: list[Any] = [func, structure, *head]
+    tensors = 0
+    for x in flat:
+        if type(x) is FakeTensor:
+            if x.fake_mode is not keeper.mode or x.constant is not None or keeper.has_value(x):
+                return None
+            part = describe(x) if x.layout == torch.strided else None
+            if part is None:
+                return None
+            parts.append(part)
+            tensors += 1
+        elif isinstance(x, torch.Tensor):  # real, or another subclass: its own rules
+            return None
+        elif isinstance(x, PLAIN_ARGUMENTS):
+            parts.append((type(x), x))  # 1 and True and 1.0 are different arguments
+        else:
+            return None
+    return tuple(parts) if tensors else None
+
+
+def input_storages(args: tuple, kwargs: dict) -> set[int]:
+    """The storages of a call's tensor arguments."""
+    flat = (flat_arguments(args, kwargs) or ((), []))[1]
+    return {x.untyped_storage()._cdata for x in flat if isinstance(x, torch.Tensor)}
+
+
+def fresh_output(keeper: Any, t: Any, inputs: set[int]) -> bool:
+    """Whether `t` is a new plain fake tensor of `keeper.mode` owning a storage of its own:
+    no input's, no constant, no value, and not a slice of a larger buffer."""
+    if type(t) is not FakeTensor or t.fake_mode is not keeper.mode or t.constant is not None:
+        return False
+    if keeper.has_value(t) or t.layout != torch.strided or t.storage_offset() != 0:
+        return False
+    if t.is_conj() or t.is_neg() or t.untyped_storage()._cdata in inputs:
+        return False
+    return t.untyped_storage().nbytes() == _dense_bytes(t)
 
 
 def _default_device() -> Any:

@@ -29,8 +29,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
+from inspector.fakememo import fresh_output, input_storages, plain_fake_key
 from inspector.fakenew import FakeMaker
-from inspector.graph.metamemo import PLAIN_ARGUMENTS, flat_arguments, makes_new_tensors
+from inspector.graph.metamemo import flat_arguments, makes_new_tensors
 
 __all__ = ["FakeRules", "RULES"]
 
@@ -76,6 +77,14 @@ def _strides_order(t: torch.Tensor) -> tuple:
     stride = t.stride()
     order = tuple(sorted(range(t.dim()), key=lambda d: (-stride[d], d)))
     return order, tuple(s == 0 for s in stride)
+
+
+def _size_free(x: FakeTensor) -> tuple | None:
+    """What the key says of a tensor: all but its sizes (None: no rule covers it)."""
+    if x.storage_offset() != 0 or x.numel() == 0 or x.is_conj() or x.is_neg():
+        return None
+    layout = _layout_class(x) or _strides_order(x)
+    return x.dtype, x.fake_device, tuple(size == 1 for size in x.shape), layout, x.requires_grad
 
 
 def _like(t: torch.Tensor | None) -> _Layout | None:
@@ -380,32 +389,8 @@ class FakeRules:
             return None
         if _rule(func) is None or get_proxy_mode() is not None:
             return None
-        flat_args = flat_arguments(args, kwargs)
-        if flat_args is None:
-            return None
-        structure, flat = flat_args
-        parts: list[Any] = [func, structure, torch.get_default_dtype()]
-        parts.append(torch.is_inference_mode_enabled())
-        tensors = 0
-        for x in flat:
-            if type(x) is FakeTensor:
-                if x.fake_mode is not mode or x.constant is not None or self.has_value(x):
-                    return None
-                if x.layout != torch.strided or x.storage_offset() != 0 or x.numel() == 0:
-                    return None
-                if x.is_conj() or x.is_neg():
-                    return None
-                layout = _layout_class(x) or _strides_order(x)
-                ones = tuple(size == 1 for size in x.shape)
-                parts.append((x.dtype, x.fake_device, ones, layout, x.requires_grad))
-                tensors += 1
-            elif isinstance(x, torch.Tensor):  # real, or another subclass: its own rules
-                return None
-            elif isinstance(x, PLAIN_ARGUMENTS):
-                parts.append((type(x), x))  # 1 and True and 1.0 are different arguments
-            else:
-                return None
-        return tuple(parts) if tensors else None
+        head = [torch.get_default_dtype(), torch.is_inference_mode_enabled()]
+        return plain_fake_key(self, func, args, kwargs, head, _size_free)
 
     def answer(self, key: tuple, func: Any, args: tuple, kwargs: dict) -> Any:
         """Fresh outputs by the rule where this key's first call agreed with it (an op that
@@ -451,11 +436,7 @@ class FakeRules:
         outs = (out,) if isinstance(out, torch.Tensor) else out
         if not isinstance(outs, tuple) or len(outs) != len(layouts):
             return
-        inputs = {
-            x.untyped_storage()._cdata
-            for x in flat_arguments(args, kwargs)[1]
-            if isinstance(x, torch.Tensor)
-        }
+        inputs = input_storages(args, kwargs)
         device = next(x for x in flat_arguments(args, kwargs)[1] if type(x) is FakeTensor)
         dtypes = []
         for t, layout in zip(outs, layouts, strict=True):
@@ -464,15 +445,9 @@ class FakeRules:
                     return
                 dtypes.append(None)
                 continue
-            if type(t) is not FakeTensor or t.fake_mode is not self.mode or t.constant is not None:
+            if not fresh_output(self, t, inputs) or t.fake_device != device.fake_device:
                 return
-            if self.has_value(t) or t.layout != torch.strided or t.storage_offset() != 0:
-                return
-            if t.is_conj() or t.is_neg() or t.untyped_storage()._cdata in inputs:
-                return
-            if t.fake_device != device.fake_device or (tuple(t.shape), t.stride()) != layout:
-                return
-            if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+            if (tuple(t.shape), t.stride()) != layout:
                 return
             dtypes.append(t.dtype)
         self.dtypes[key] = tuple(dtypes)

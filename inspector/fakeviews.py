@@ -30,7 +30,7 @@ PLAIN_VIEWS = frozenset({
     _aten.detach.default, _aten.alias.default, _aten.t.default, _aten.view.default,
     _aten.transpose.int, _aten.permute.default, _aten.expand.default,
     _aten.unsqueeze.default, _aten.squeeze.dim, _aten.squeeze.dims, _aten.slice.Tensor,
-    _aten.select.int,
+    _aten.select.int, _aten._unsafe_view.default,
 })  # fmt: skip
 
 

@@ -83,6 +83,32 @@ def test_a_step_over_the_deciding_parameters_is_the_step_over_all(
     assert full.grad_bytes == 4 * numel
 
 
+@pytest.mark.parametrize("optimizer", ["momentum", "adamw"])
+def test_a_head_after_the_blocks_adds_a_few_parameters_not_all(monkeypatch, optimizer) -> None:
+    """A pair of kinds found only at the end (the head after 50 blocks) is reached from the
+    first block through the last one: 6 + 1 + 2 parameters, not all 302."""
+    lengths: list[int] = []
+    narrowing = kinds.stepping
+
+    @contextmanager
+    def spied(opt, params):  # noqa: ANN001, ANN202
+        with narrowing(opt, params) as stepped:
+            lengths.append(len(opt.param_groups[0]["params"]))
+            yield stepped
+
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(_stack(50), nn.Linear(16, 3))
+
+    monkeypatch.setattr(step, "stepping", spied)
+    short = _step(model(), True, optimizer)
+    # the walk: the first block (norm 16, 16; fc1 32x16, 32; fc2 16x32, 16), then the last
+    # block's fc2 bias (16 after 16 is a pair of neighbours) and the head (3x16, 3)
+    assert lengths == [9, 9]
+    monkeypatch.setattr(step, "stepping", lambda opt, params: nullcontext(list(params)))
+    assert _figures(short) == _figures(_step(model(), True, optimizer))
+
+
 def test_the_state_copied_by_kind_is_what_a_step_makes() -> None:
     """Each parameter beyond the prefix gets its own state tensors, shaped as its own
     step would make them, the fake step counter keeping its value."""
@@ -108,6 +134,6 @@ def test_the_state_copied_by_kind_is_what_a_step_makes() -> None:
 def test_a_batched_step_is_not_narrowed(monkeypatch) -> None:
     """foreach and fused steps allocate for all parameters at once."""
     params = list(_stack(10).parameters())
-    assert len(kinds.deciding_prefix(params)) == 6
+    assert len(kinds.deciding(params)) == 6
     monkeypatch.setattr(kinds, "looped", lambda params: False)
-    assert len(kinds.deciding_prefix(params)) == len(params) == 60
+    assert len(kinds.deciding(params)) == len(params) == 60

@@ -153,16 +153,18 @@ def _mixed() -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam", "adamw"])
 def test_a_step_over_the_neighbour_pairs_is_the_step_over_every_parameter(optimizer) -> None:
-    """The optimizer's one-by-one loop: the prefix holding every pair of neighbouring
-    parameter kinds gives the same temporaries as the whole list, and the state of the
-    rest added by kind gives the same state bytes (the full run is the reference)."""
+    """The optimizer's one-by-one loop: a walk over every pair of neighbouring parameter
+    kinds gives the same temporaries as the whole list, and the state of the rest added
+    by kind gives the same state bytes (the full run is the reference)."""
     from inspector.fakevalues import new_fake_mode
-    from inspector.memory.kinds import kind, pairs_prefix
+    from inspector.memory.kinds import kind, pairs_walk
     from inspector.memory.setups import step_cost
 
-    stack = _stack(100)  # 600 parameters: the prefix is one block and one more weight
-    assert pairs_prefix([kind(p) for p in stack]) == 7
-    for params in (stack, _mixed()):
+    stack = _stack(100)  # 600 parameters: the walk is one block and one more weight
+    assert pairs_walk([kind(p) for p in stack]) == list(range(7))
+    headed = [*stack, torch.zeros(3, 16, requires_grad=True), torch.zeros(3, requires_grad=True)]
+    assert len(pairs_walk([kind(p) for p in headed])) < 15  # the head's pairs come last
+    for params in (stack, _mixed(), headed):
         short = step_cost(optimizer, params, new_fake_mode())
         full = step_cost(optimizer, params, new_fake_mode(), shorten=False)
         assert short == full

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inspector.memory.kinds import kind, looped, pairs_prefix, state_bytes
+from inspector.memory.kinds import kind, looped, pairs_walk, state_bytes
 from inspector.memory.optimizer import make_optimizer, state_bytes_of
 from inspector.memory.step import warm_up
 from inspector.memory.tracker import LiveTracker
@@ -120,10 +120,14 @@ def step_cost(
     `shorten`: the step runs over the parameters that decide its bytes and the state of
     the rest is added by kind (inspector/memory/kinds.py)."""
     kinds = [kind(p) for p in params]
+    chosen = pairs_walk(kinds) if shorten else list(range(len(params)))
     with fake_mode:
-        run = _shadows(params[: pairs_prefix(kinds) if shorten else len(params)])
-        if len(run) < len(params) and not looped(run):  # the prefix holds every kind
-            run += _shadows(params[len(run) :])
+        shadows = dict(zip(chosen, _shadows([params[i] for i in chosen]), strict=True))
+        if len(chosen) < len(params) and not looped(list(shadows.values())):  # batched: all
+            rest = [i for i in range(len(params)) if i not in shadows]
+            shadows.update(zip(rest, _shadows([params[i] for i in rest]), strict=True))
+            chosen = list(range(len(params)))
+        run = [shadows[i] for i in chosen]
         optimizer = make_optimizer(name, run)
         if optimizer is None:
             return 0, 0
@@ -138,8 +142,11 @@ def step_cost(
         resident = tracker.live
         with tracker, without_inplace_arithmetic(run):
             optimizer.step()
-        state_of_kind = {kinds[i]: state_bytes(optimizer, p) for i, p in enumerate(run)}
-        rest = sum(state_of_kind[k] for k in kinds[len(run) :])
+        state_of_kind = {
+            kinds[i]: state_bytes(optimizer, p) for i, p in zip(chosen, run, strict=True)
+        }
+        ran = set(chosen)
+        rest = sum(state_of_kind[k] for i, k in enumerate(kinds) if i not in ran)
         return state_bytes_of(optimizer) + rest, tracker.peak - resident
 
 

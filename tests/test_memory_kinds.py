@@ -53,11 +53,8 @@ def _step(model: nn.Module, fake: bool, optimizer: str) -> step.TrainResult:
     return train_step(shadow, Inputs(args=(fx,)), StepOptions(optimizer=optimizer, fake_mode=mode))
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam", "adamw"])
-@pytest.mark.parametrize("fake", [True, False], ids=["fake", "real"])
-def test_a_step_over_the_deciding_parameters_is_the_step_over_all(
-    monkeypatch, optimizer: str, fake: bool
-) -> None:
+def _spy_on_stepping(monkeypatch) -> list[int]:
+    """The number of parameters each narrowed `optimizer.step()` runs over, as they run."""
     lengths: list[int] = []
     narrowing = kinds.stepping
 
@@ -68,6 +65,15 @@ def test_a_step_over_the_deciding_parameters_is_the_step_over_all(
             yield stepped
 
     monkeypatch.setattr(step, "stepping", spied)
+    return lengths
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam", "adamw"])
+@pytest.mark.parametrize("fake", [True, False], ids=["fake", "real"])
+def test_a_step_over_the_deciding_parameters_is_the_step_over_all(
+    monkeypatch, optimizer: str, fake: bool
+) -> None:
+    lengths = _spy_on_stepping(monkeypatch)
     short = _step(_stack(50), fake, optimizer)
     # the warm-up and the step ran over the first block: its kinds are (16,) twice, then
     # (32, 16), (32,), (16, 32) and (16,), which holds every neighbouring pair of the stack
@@ -87,20 +93,12 @@ def test_a_step_over_the_deciding_parameters_is_the_step_over_all(
 def test_a_head_after_the_blocks_adds_a_few_parameters_not_all(monkeypatch, optimizer) -> None:
     """A pair of kinds found only at the end (the head after 50 blocks) is reached from the
     first block through the last one: 6 + 1 + 2 parameters, not all 302."""
-    lengths: list[int] = []
-    narrowing = kinds.stepping
-
-    @contextmanager
-    def spied(opt, params):  # noqa: ANN001, ANN202
-        with narrowing(opt, params) as stepped:
-            lengths.append(len(opt.param_groups[0]["params"]))
-            yield stepped
 
     def model() -> nn.Module:
         torch.manual_seed(0)
         return nn.Sequential(_stack(50), nn.Linear(16, 3))
 
-    monkeypatch.setattr(step, "stepping", spied)
+    lengths = _spy_on_stepping(monkeypatch)
     short = _step(model(), True, optimizer)
     # the walk: the first block (norm 16, 16; fc1 32x16, 32; fc2 16x32, 16), then the last
     # block's fc2 bias (16 after 16 is a pair of neighbours) and the head (3x16, 3)

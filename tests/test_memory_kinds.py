@@ -135,3 +135,23 @@ def test_a_batched_step_is_not_narrowed(monkeypatch) -> None:
     assert len(kinds.deciding(params)) == 6
     monkeypatch.setattr(kinds, "looped", lambda params: False)
     assert len(kinds.deciding(params)) == len(params) == 60
+
+
+def test_the_walk_takes_every_pair_of_neighbours_and_no_other() -> None:
+    """On lists of kinds drawn at random: the walk starts at the first, rises, and the
+    pairs of its neighbours are exactly the pairs of neighbours of the whole list."""
+    import random
+
+    draw = random.Random(0)
+    for _ in range(2000):
+        letters = "ABCDE"[: draw.randint(1, 5)]
+        kind_list = [draw.choice(letters) for _ in range(draw.randint(1, 40))]
+        walk = kinds.pairs_walk(kind_list)
+        assert walk[0] == 0 and walk == sorted(set(walk))
+        walked = {(kind_list[a], kind_list[b]) for a, b in zip(walk, walk[1:], strict=False)}
+        assert walked == set(zip(kind_list, kind_list[1:], strict=False))
+    # by hand: 100 blocks of A B B B C D, then a head H h. The first block and the next A
+    # (0-6) take every pair but D -> H and H -> h; D -> H is reached from that A through
+    # the last block's B C D (A -> B is a pair, A -> C or A -> D is not): 597-599, 600, 601
+    walk = kinds.pairs_walk([*"ABBBCD" * 100, "H", "h"])
+    assert walk == [0, 1, 2, 3, 4, 5, 6, 597, 598, 599, 600, 601]

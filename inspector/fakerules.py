@@ -372,6 +372,11 @@ def _writes_first_only(func: Any) -> bool:
 _UNKNOWN = object()
 
 
+def _device(args: tuple, kwargs: dict) -> torch.device:
+    """The device the call's fake tensors claim (the key holds one per tensor)."""
+    return next(x for x in flat_arguments(args, kwargs)[1] if type(x) is FakeTensor).fake_device
+
+
 class FakeRules:
     """Per fake mode: size-free key -> the outputs' dtypes (or None: torch answers)."""
 
@@ -405,8 +410,7 @@ class FakeRules:
         self.hits += 1
         if layouts is _SELF:
             return args[0]
-        device = next(x for x in flat_arguments(args, kwargs)[1] if type(x) is FakeTensor)
-        return self._make(layouts, dtypes, device.fake_device)
+        return self._make(layouts, dtypes, _device(args, kwargs))
 
     def _make(self, layouts: list[_Layout | None], dtypes: tuple, device: torch.device) -> Any:
         with in_kernel_invocation_manager(self.mode):
@@ -437,7 +441,7 @@ class FakeRules:
         if not isinstance(outs, tuple) or len(outs) != len(layouts):
             return
         inputs = input_storages(args, kwargs)
-        device = next(x for x in flat_arguments(args, kwargs)[1] if type(x) is FakeTensor)
+        device = _device(args, kwargs)
         dtypes = []
         for t, layout in zip(outs, layouts, strict=True):
             if t is None or layout is None:
@@ -445,7 +449,7 @@ class FakeRules:
                     return
                 dtypes.append(None)
                 continue
-            if not fresh_output(self, t, inputs) or t.fake_device != device.fake_device:
+            if not fresh_output(self, t, inputs) or t.fake_device != device:
                 return
             if (tuple(t.shape), t.stride()) != layout:
                 return

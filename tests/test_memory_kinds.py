@@ -108,7 +108,7 @@ def test_a_head_after_the_blocks_adds_a_few_parameters_not_all(monkeypatch, opti
 
 
 def test_the_state_copied_by_kind_is_what_a_step_makes() -> None:
-    """Each parameter beyond the prefix gets its own state tensors, shaped as its own
+    """Each parameter the step did not reach gets its own state tensors, shaped as its own
     step would make them, the fake step counter keeping its value."""
     mode = new_fake_mode()
     shadow = fake_shadow(_stack(20), mode)

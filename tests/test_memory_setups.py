@@ -146,7 +146,7 @@ def _stack(blocks: int) -> list[torch.Tensor]:
 
 
 def _mixed() -> list[torch.Tensor]:
-    """Three kinds in an order with no period, so the prefix is most of the list."""
+    """Three kinds in an order with no period, so the walk is most of the list."""
     sizes = [(64, 64), (8,), (64, 64), (64, 64), (8,), (3, 5), (8,), (8,), (3, 5), (64, 64)]
     return [torch.zeros(*s, requires_grad=True) for s in sizes]
 
@@ -175,7 +175,7 @@ def test_a_step_over_the_neighbour_pairs_is_the_step_over_every_parameter(optimi
 
 
 def test_a_batched_step_runs_over_every_parameter(monkeypatch) -> None:
-    """foreach and fused steps allocate for all parameters at once: no prefix then."""
+    """foreach and fused steps allocate for all parameters at once: no walk then."""
     from inspector.fakevalues import new_fake_mode
     from inspector.memory import setups as setups_module
 

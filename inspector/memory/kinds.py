@@ -87,15 +87,15 @@ def stepping(
 ) -> Iterator[list[torch.Tensor]]:
     """Within the block, `optimizer.step()` runs over the deciding parameters of `params`
     (its one parameter group, narrowed); yields them."""
-    prefix = deciding(params)
+    walk = deciding(params)
     groups = optimizer.param_groups
-    if len(prefix) == len(params) or len(groups) != 1 or not _same(groups[0]["params"], params):
+    if len(walk) == len(params) or len(groups) != 1 or not _same(groups[0]["params"], params):
         yield list(params)
         return
     whole = groups[0]["params"]
-    groups[0]["params"] = prefix
+    groups[0]["params"] = walk
     try:
-        yield prefix
+        yield walk
     finally:
         groups[0]["params"] = whole
 

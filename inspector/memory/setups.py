@@ -124,8 +124,8 @@ def step_cost(
     with fake_mode:
         shadows = dict(zip(chosen, _shadows([params[i] for i in chosen]), strict=True))
         if len(chosen) < len(params) and not looped(list(shadows.values())):  # batched: all
-            rest = [i for i in range(len(params)) if i not in shadows]
-            shadows.update(zip(rest, _shadows([params[i] for i in rest]), strict=True))
+            others = [i for i in range(len(params)) if i not in shadows]
+            shadows.update(zip(others, _shadows([params[i] for i in others]), strict=True))
             chosen = list(range(len(params)))
         run = [shadows[i] for i in chosen]
         optimizer = make_optimizer(name, run)

@@ -7,18 +7,19 @@ left, without touching the report; `apply(ctx, result)` puts it in the report an
 results, in order. Run in order, the pass is `apply(ctx, compute(ctx))`: the report is
 the same either way.
 
-Three passes start once the memory pass is done (its estimate sizes their memory), or,
-where real runs are the dear ones, already once the graph pass is done (bounds from its
-nodes size them: inspector/memory/rough.py), so they run beside the memory pass too
-(ResNet-18 at [8, 3, 224, 224], warm: 4.5 s to 3.9 s). The measured real step
-(passes/measure.py), which needs nothing else, computes while the
-gradients and modes passes compute (GPT-2 small at [4, 512]: two real forwards at once
-took 7.9 s each against 7.0 s alone on this 2-core machine; two ResNet-18 steps at once
-took twice as long each, no loss either); Dynamo's check (passes/dynamo.py), which reads
-only the memory pass's timings, is mostly Python; the export checks (passes/export.py)
-go beside only where real runs are the dear ones. They run in lanes, each lane's passes
-one after another: where real runs are the dear ones, one lane per spare core (on 2
-cores, one lane beside the line's passes), else a lane per pass (`start_ready`).
+Three passes start once the graph pass is done, sized by bounds from its nodes
+(inspector/memory/rough.py), so they run beside the memory pass too, or, where the bounds
+leave no room, once the memory pass is done (its estimate sizes them). The measured real
+step (passes/measure.py) needs nothing else; Dynamo's check (passes/dynamo.py) reads only
+the load's and graph's timings, and the export checks (passes/export.py) the capture.
+Where real runs are the dear ones, they run in one lane per spare core (on 2 cores, one
+lane beside the line's passes): real arithmetic contends for the memory (GPT-2 small at
+[4, 512]: two real forwards at once took 7.9 s each against 7.0 s alone; two ResNet-18
+steps at once took twice as long each). Where fake runs are the dear ones, the work on
+both sides is Python (the memory pass's fake steps, Dynamo's and export's tracing), which
+shares the cores without that loss: a lane per pass (`start_ready`), all three under way
+while the memory pass runs (mobilenet_v3_small: 5.6 s to 4.8 s; the line had waited 1.5 s
+for the export checks it ran after the memory pass, with the second core idle before).
 
 Running beside costs memory at once that in order is taken in turn, so a pass starts
 beside only where the memory estimate (or the bounds, before it) leaves room for it: the
@@ -64,12 +65,12 @@ MEMORY_ENV = "MGI_JOB_MEMORY_BYTES"  # the job's memory budget, set by the servi
 class Beside:
     """How a pass runs beside the others."""
 
-    after: str  # the pass after which it starts: its estimate sizes the pass's room
+    after: str  # where `early` left no room, it starts after this pass (its estimate sizes it)
     compute: Callable[[Any], Any]  # ctx -> its result (picklable); the report untouched
     apply: Callable[[Any, Any], None]  # (ctx, result): into the report, in order
     needs: Callable[[Any], int | None]  # ctx -> bytes it takes at most; None: unknown
-    # where real runs are the dear ones, it starts already after this earlier pass, the
-    # last whose results `compute` reads (sized by bounds: inspector/memory/rough.py)
+    # it starts already after this earlier pass, the last whose results `compute` reads,
+    # where bounds (inspector/memory/rough.py) leave room for it
     early: str | None = None
 
 
@@ -110,11 +111,10 @@ def start_ready(
     prefix: str,
 ) -> None:
     """Start each pass of `passes[i:]` ((name, runs the model)) that can run beside the
-    others, that starts after `passes[i - 1]`, now done (its `after`, or its `early`
-    where real runs are the dear ones), and that has room; `started` records it (a
-    forked process's copy too). One that did not start early may start at its `after`.
-    A pass that does not run the model (a value pass on fake tensors says it was
-    skipped) is not worth a process.
+    others, that starts after `passes[i - 1]`, now done (its `early`, or its `after`),
+    and that has room; `started` records it (a forked process's copy too). One that did
+    not start early may start at its `after`. A pass that does not run the model (a value
+    pass on fake tensors says it was skipped) is not worth a process.
 
     The passes go into lanes, each lane a process running its passes one after another
     in the order they are collected. Where real runs are the dear ones, one lane per core
@@ -128,17 +128,15 @@ def start_ready(
     if i == 0 or not spare:
         return
     done = passes[i - 1][0]
-    dear = fake_step_is_cheaper(ctx)  # real runs the dear ones
     ahead = [name for name, runs in passes[i:] if runs]  # in the order they are collected
     ready = [
         n
         for n in ahead
-        if n in besides
-        and n not in started
-        and (besides[n].after == done or (dear and besides[n].early == done))
+        if n in besides and n not in started and done in (besides[n].early, besides[n].after)
     ]
     if not ready:
         return
+    dear = fake_step_is_cheaper(ctx)  # real runs the dear ones
     lanes = spare if dear else max(spare, len(ready))
     queued: list[list[_Queued]] = [[] for _ in range(lanes)]
     for name in ready:

@@ -1,7 +1,7 @@
 """A training step's memory from the graph alone, before the memory pass has estimated it.
 
-The passes that run the model for real can start beside the others once the graph is
-known, where real runs are the dear ones (inspector/beside.py); what sizes their room then
+The passes that run beside the others start once the graph is known (inspector/beside.py),
+before the memory pass; what sizes their room then
 is not the memory pass's estimate, which comes later, but bounds from the graph pass's
 nodes: every node's output alive at once in a forward; saved for the backward three times
 over (a max pool's int64 indices are twice its output), and once more as the activations'

@@ -30,7 +30,6 @@ from inspector.health.exportmatch import (
 )
 from inspector.libraryoutput import library_output_captured, printed_summary
 from inspector.memory.rough import step_bytes
-from inspector.realcost import fake_step_is_cheaper
 from inspector.report import ExportTarget
 from inspector.tracebacks import user_location
 
@@ -165,14 +164,12 @@ def apply(ctx: Context, targets: list[ExportTarget]) -> None:
 
 def needs(ctx: Context) -> int | None:
     """Bytes the pass takes at most: eager's outputs kept while the exported program
-    runs on the same inputs, each about an inference forward's peak. None (not beside)
-    where real runs are the cheap ones: the passes after memory then end before the
-    export's tracing (Python) does, and a third process only slowed the others down (a
-    1,000-layer stack: 11.1 s to 12.7 s)."""
+    runs on the same inputs, each about an inference forward's peak; None (in its place)
+    without an estimate or bounds. Where real runs are the cheap ones its tracing is
+    Python, and goes beside the memory pass's (started after that pass, it had only
+    slowed the others down: a 1,000-layer stack, 11.1 s to 12.7 s)."""
     known = step_bytes(ctx)
-    if known is None or not fake_step_is_cheaper(ctx):
-        return None
-    return 3 * known.forward_peak
+    return None if known is None else 3 * known.forward_peak
 
 
 def _try(

@@ -51,10 +51,9 @@ def wanted(name: str, options: Options) -> bool:
     return options.wants(ASKED_WITH.get(name, name))
 
 
-# Passes that can run beside the others (inspector/beside.py): they start once the memory
-# pass is done (its estimate sizes them), or already once the graph is known where real
-# runs are the dear ones (everything they read is there), and are put in the report in
-# their place.
+# Passes that can run beside the others (inspector/beside.py): they start once the graph
+# is known (everything they read is there; bounds from its nodes size them), else once the
+# memory pass is done (its estimate sizes them), and are put in the report in their place.
 BESIDE: dict[str, Beside] = {
     "measure": Beside("memory", measure.compute, measure.apply, measure.needs, "graph"),
     "export": Beside("memory", export.compute, export.apply, export.needs, "graph"),

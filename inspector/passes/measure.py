@@ -2,9 +2,9 @@
 (inspector/memory/measure.py), in `report.memory.measured` beside the estimate's error.
 
 A pass of its own, asked for with the memory pass, because it needs nothing the estimate
-works out: once the estimate says how much memory it takes, it runs beside the passes
-that follow (inspector/beside.py), and is put in the report where it stands in the
-order. Run in order, it is the same two steps.
+works out: once the graph's bounds (or the estimate) say how much memory it takes, it runs
+beside the other passes (inspector/beside.py), and is put in the report where it stands
+in the order. Run in order, it is the same two steps.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """A training step's memory from the graph alone, before the memory pass has estimated it.
 
-The passes that run beside the others start once the graph is known (inspector/beside.py),
-before the memory pass; what sizes their room then
-is not the memory pass's estimate, which comes later, but bounds from the graph pass's
-nodes: every node's output alive at once in a forward; saved for the backward three times
-over (a max pool's int64 indices are twice its output), and once more as the activations'
-gradients; the optimizer's step making temporaries of twice the gradients. ResNet-18 at
+The passes that run beside the others start once the graph is known, before the memory
+pass (inspector/beside.py); what sizes their room then is not the memory pass's estimate,
+which comes later, but bounds from the graph pass's nodes: every node's output alive at
+once in a forward; saved for the backward three times over (a max pool's int64 indices
+are twice its output), and once more as the activations' gradients; the optimizer's step
+making temporaries of twice the gradients. ResNet-18 at
 [8, 3, 224, 224]: 234 MB for a forward peak estimated at 98 MB, 1.0 GB for a step
 estimated at 338 MB. Where a bound is too large for the machine, the pass waits for the
 estimate, as before.

@@ -171,3 +171,77 @@ def test_fsdp_rank_step_without_the_arithmetic_tracks_the_same_memory(
     skipped = run()
     _full_steps(monkeypatch)
     assert run() == skipped
+
+
+def _state_values(optimizer: torch.optim.Optimizer) -> list[tuple]:
+    return [
+        (key, tuple(v.shape), v.stride(), v.dtype, v.tolist())
+        for state in optimizer.state.values()
+        for key, v in sorted(state.items())
+    ]
+
+
+@pytest.mark.parametrize("name", ["adamw", "adam", "sgd", "momentum"])
+def test_a_real_warm_up_without_values_leaves_the_full_steps_state(name: str) -> None:
+    """On real tensors, zero gradients make the state known: the moments are zeros,
+    momentum the clone of a zero gradient, each counter at one step. The same bytes are
+    allocated, in the same order (all but the 0-dim tensors the kernels wrap Python
+    numbers in), and the arithmetic that does not change the state is not run."""
+    from inspector.memory.measure import _allocations_recorded
+
+    runs = []
+    for values in (True, False):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(6, 4)), torch.nn.Parameter(torch.randn(4))]
+        optimizer = make_optimizer(name, params)
+        with _allocations_recorded() as events, _Seen() as seen:
+            warm_up(optimizer, params, shorten=False, values=values)
+        events_in_order = sorted(_allocation_events(events()), key=lambda e: e.start_time_ns)
+        # +/- bytes of the allocations and frees of tensors of 4 values and more
+        sizes = [e.extra_fields.alloc_size for e in events_in_order]
+        sizes = [n for n in sizes if abs(n) >= 16]
+        runs.append((_state_values(optimizer), sizes, seen.ops))
+    (full, full_sizes, full_ops), (kept, kept_sizes, kept_ops) = runs
+    assert kept == full and kept_sizes == full_sizes
+    if name in ("adam", "adamw"):
+        # per parameter: two moments and a 0-dim counter, which still counts to one
+        assert [k for k, *_ in kept] == ["exp_avg", "exp_avg_sq", "step"] * 2
+        assert [v for k, *_, v in kept if k == "step"] == [1.0, 1.0]
+        assert "sqrt" in full_ops and "lerp_" in full_ops
+        assert not {"sqrt", "div", "lerp_", "addcdiv_", "mul_"} & set(kept_ops)
+        assert kept_ops.count("empty_like") == 2 * 2  # the denominator's two temporaries
+    if name == "momentum":
+        assert "clone" in kept_ops  # the momentum buffer is made as the step makes it
+
+
+def _allocation_events(roots: list) -> list:
+    from torch._C._profiler import _EventType
+
+    found, stack = [], list(roots)
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag == _EventType.Allocation:
+            found.append(event)
+    return found
+
+
+def test_the_measured_step_measures_the_same_bytes_after_either_warm_up(monkeypatch) -> None:
+    """The measured step's ground truth is what it was with the full warm-up."""
+    from inspector.context import Inputs
+    from inspector.memory import measure as measure_module
+    from inspector.memory.step import StepOptions
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+    inputs = Inputs((torch.randn(16, 64),), {})
+    full_warm_up = lambda *a, **k: warm_up(*a, **{**k, "values": True})  # noqa: E731
+    got = []
+    for patched in (False, True):
+        if patched:
+            monkeypatch.setattr(measure_module, "warm_up", full_warm_up)
+        m = measure_module.measure(model, inputs, StepOptions(optimizer="adamw"))
+        got.append((m.forward_peak_bytes, m.saved_activation_bytes, m.train_peak_bytes))
+    assert got[0] == got[1]
+    params = 64 * 128 + 128 + 128 * 8 + 8
+    # the step peaks with weights, two moments and gradients resident, at least
+    assert got[0][2] >= 4 * params * 4

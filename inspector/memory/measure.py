@@ -72,7 +72,9 @@ def _measure(model: nn.Module, inputs: Inputs, opts: StepOptions) -> Measurement
             _inference(shadow, batch, opts)
         trainable = [p for p in unique_tensors(shadow.parameters()) if p.requires_grad]
         optimizer = make_optimizer(opts.optimizer, trainable)
-        warm_up(optimizer, trainable, shorten=False)  # the ground truth: as a real loop
+        # the ground truth: every parameter's state as a real loop's, allocated as its first
+        # step does; the step's values are not wanted (inspector.memory.warmup)
+        warm_up(optimizer, trainable, shorten=False, values=False)
         torch.manual_seed(opts.seed)
         start = time.perf_counter()
         with meter.window("step"):

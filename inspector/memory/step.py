@@ -31,7 +31,7 @@ from inspector.memory.loss import compute_loss
 from inspector.memory.optimizer import make_optimizer, state_bytes_of
 from inspector.memory.saved import SavedTracker
 from inspector.memory.tracker import LiveTracker, Point, storage_key
-from inspector.memory.warmup import without_inplace_arithmetic
+from inspector.memory.warmup import state_allocation_only, without_inplace_arithmetic
 
 __all__ = ["StepOptions", "TrainResult", "ForwardResult", "train_step", "forward_run", "warm_up"]
 
@@ -93,19 +93,24 @@ def unique_tensors(tensors: Any) -> list[torch.Tensor]:
 
 
 def warm_up(
-    optimizer: torch.optim.Optimizer | None, params: list[nn.Parameter], shorten: bool = True
+    optimizer: torch.optim.Optimizer | None,
+    params: list[nn.Parameter],
+    shorten: bool = True,
+    values: bool = True,
 ) -> None:
     """Allocate the optimizer's state the way its first step does, with zero gradients.
     On fake tensors the step's in-place arithmetic is skipped (inspector.memory.warmup):
     the state comes out the same, at a fraction of the cost. `shorten`: the step runs
     over the parameters that decide its bytes, the rest get their kind's state
-    (inspector.memory.kinds)."""
+    (inspector.memory.kinds). `values` False: on real tensors too, the state is allocated
+    without the step's arithmetic (inspector.memory.warmup); the weights keep their values
+    (AdamW's decay is skipped with the rest)."""
     if optimizer is None:
         return
     with stepping(optimizer, params) if shorten else nullcontext(params) as stepped:
         for p in stepped:
             p.grad = torch.zeros_like(p)
-        with without_inplace_arithmetic(stepped):
+        with state_allocation_only(stepped) if not values else without_inplace_arithmetic(stepped):
             optimizer.step()
     copy_state_by_kind(optimizer, params, stepped)
     optimizer.zero_grad(set_to_none=True)

@@ -15,6 +15,15 @@ inspector.fakevalues keeps others; those run. Ops that change metadata in place
 (`resize_`, `transpose_`), out-of-place ops (whose results can become state: SGD's
 `clone` of the first gradient) and other tensor subclasses all run as usual. A DTensor
 whose local shard is such a fake tensor is skipped as that shard would be.
+
+On real tensors (the measured step's warm-up, `warm_up(values=False)`) the gradients are
+zeros, so the state the step leaves is known without its arithmetic: the moments stay the
+zeros `zeros_like` made, SGD's momentum is the `clone` of a zero gradient. Skipped there:
+the same in-place updates of tensors with at least one dimension (the 0-dim step counters
+still count), and Adam's denominator (`sqrt`, `div`), read only by a skipped update, which
+gets an uninitialised tensor of its size. What is allocated stays as it was, byte for byte;
+what is not done is touching it: VGG-11's 133 M parameters faulted in 1.6 GB of
+temporaries and updated them, 1.4 s of a 2.4 s warm-up.
 """
 
 from __future__ import annotations
@@ -29,7 +38,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from inspector.fakevalues import value_of
 
-__all__ = ["skipped_inplace_arithmetic", "without_inplace_arithmetic", "is_fake", "SKIPPED"]
+__all__ = [
+    "skipped_inplace_arithmetic", "without_inplace_arithmetic", "state_allocation_only", "is_fake",
+    "SKIPPED",
+]  # fmt: skip
 
 _aten = torch.ops.aten
 # In-place elementwise updates of the torch optimizers' single-tensor steps.
@@ -50,6 +62,12 @@ SKIPPED = frozenset(
         _aten.clamp_,
     }
 )
+
+
+# Out-of-place ops of Adam's step whose results only skipped in-place updates read.
+_DENOMINATOR = frozenset({_aten.sqrt, _aten.div})
+# In-place ops that set state rather than update it: they run on real tensors.
+_SETS_STATE = frozenset({_aten.copy_, _aten.zero_, _aten.fill_})
 
 
 class _SkipInplace(TorchDispatchMode):
@@ -90,6 +108,38 @@ def skipped_inplace_arithmetic() -> Iterator[None]:
     without running its kernel."""
     with _SkipInplace():
         yield
+
+
+class _SkipRealArithmetic(TorchDispatchMode):
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):  # noqa: ANN204 - torch's
+        kwargs = kwargs or {}
+        packet = func.overloadpacket
+        if args and "out" not in kwargs and _updatable(args[0]):
+            if packet in SKIPPED and packet not in _SETS_STATE:
+                return args[0]
+            if packet in _DENOMINATOR and all(_elementwise_partner(a, args[0]) for a in args[1:]):
+                return torch.empty_like(args[0])
+        return func(*args, **kwargs)
+
+
+def _updatable(t: Any) -> bool:
+    """A plain real floating tensor with values to update (not a 0-dim step counter)."""
+    return type(t) in (torch.Tensor, torch.nn.Parameter) and t.is_floating_point() and t.dim() > 0
+
+
+def _elementwise_partner(arg: Any, first: torch.Tensor) -> bool:
+    """A Python number, or a tensor of `first`'s shape and dtype: the result is `first`'s."""
+    if isinstance(arg, torch.Tensor):
+        return arg.shape == first.shape and arg.dtype == first.dtype
+    return isinstance(arg, int | float)
+
+
+def state_allocation_only(params: list[torch.Tensor]) -> AbstractContextManager[None]:
+    """For a warm-up step over zero gradients: its arithmetic skipped, fake `params` as in
+    `without_inplace_arithmetic`, real ones as the module's docstring says."""
+    if not params:
+        return nullcontext()
+    return skipped_inplace_arithmetic() if is_fake(params[0]) else _SkipRealArithmetic()
 
 
 def without_inplace_arithmetic(params: list[torch.Tensor]) -> AbstractContextManager[None]:

@@ -134,3 +134,80 @@ def test_gpt2s_cache_outputs_of_the_graph_stay_out_of_the_replays_loss(tmp_path:
         assert rows[name] == pytest.approx(grad.norm().item(), rel=1e-5), name
     assert all(node.stats is not None for node in report.nodes if node.op == "call_module")
     assert not report.meta.warnings
+
+
+class Branchy(nn.Module):
+    """Branches on a value: no graph is captured (its nodes are its module calls)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(6, 5), nn.Linear(5, 3)
+        self.forwards = self.backwards = 0
+        self.a.register_full_backward_hook(self._count)
+
+    def _count(self, module: nn.Module, grad_in: object, grad_out: object) -> None:
+        self.backwards += 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.forwards += 1
+        h = torch.relu(self.a(x))
+        if h.sum() > -1:
+            h = h * 2
+        return self.b(h)
+
+
+def _module_output_grads(model: Branchy, x: torch.Tensor) -> dict[str, float]:
+    """The independent answer: the loss's gradient w.r.t. each module's output ("": the
+    model's own)."""
+    outs: dict[str, torch.Tensor] = {}
+    hooks = [
+        m.register_forward_hook(lambda m, a, out, p=p: outs.setdefault(p, out))
+        for p, m in model.named_modules()
+    ]
+    loss = _default_loss(model(x))
+    for h in hooks:
+        h.remove()
+    grads = torch.autograd.grad(loss, list(outs.values()))
+    return {p: g.norm().item() for p, g in zip(outs, grads, strict=True)}
+
+
+def test_without_a_graph_the_eager_forward_and_backward_give_the_node_grads() -> None:
+    """One forward and one backward (two of each before: the per-node grads ran the same
+    eager forward again, with the same hooks); the numerics statistics come from it too."""
+    model, x = Branchy(), torch.randn(4, 6)
+    ctx = context_for(model, (x,), user_files=[TESTS])
+    assert ctx.capture.method == "hooks" and ctx.capture.graph_module is None
+    expected = _module_output_grads(Branchy(), x)
+    model.forwards = 0
+    gradients.run(ctx)
+    assert (model.forwards, model.backwards) == (1, 1)
+    by_path = {n.module_path: n.grad_norm for n in ctx.report.nodes if n.grad_norm is not None}
+    assert by_path.keys() == expected.keys() == {"", "a", "b"}
+    for path, norm in expected.items():
+        assert by_path[path] == pytest.approx(norm, rel=1e-6), path
+    observed = ctx.results.numerics_observed
+    assert observed is not None and observed.method == "modules"
+    assert {observed.paths[name] for name in observed.stats} >= {"a", "b"}
+    # the statistics' own ops are not the model's: the one cut seen is its branch's
+    assert [(c.op, c.source_line) for c in ctx.results.gradients.cuts] == [
+        ("gt", "if h.sum() > -1:")
+    ]
+    assert ctx.report.gradients.error is None and not ctx.report.meta.warnings
+
+
+def test_a_failing_per_node_hook_costs_the_per_node_grads_only(monkeypatch) -> None:
+    import inspector.health.nodegrads as nodegrads
+
+    def broken(result: object, name: str, grad: torch.Tensor) -> None:
+        raise ValueError("statistics broke")
+
+    monkeypatch.setattr(nodegrads, "_record", broken)
+    model, x = Branchy(), torch.randn(4, 6)
+    ctx = context_for(model, (x,), user_files=[TESTS])
+    gradients.run(ctx)
+    section = ctx.report.gradients
+    assert section.error is None and all(r.verdict == "ok" for r in section.params)
+    assert all(n.grad_norm is None for n in ctx.report.nodes)
+    assert ctx.results.numerics_observed is None  # numerics runs its own forward
+    assert ctx.report.meta.warnings == ["gradients: per-node gradients skipped (statistics broke)"]

@@ -24,6 +24,7 @@ from inspector.graph.fxcapture import FLAT_INPUTS, fx_placeholder_values
 __all__ = [
     "NodeRef",
     "run_nodes",
+    "replays_graph",
     "graph_feed",
     "kind_of",
     "module_values",
@@ -77,6 +78,12 @@ def run_nodes(
             if on_reset is not None:
                 on_reset()
     return _run_modules(ctx, on_value), "modules"
+
+
+def replays_graph(ctx: Context) -> bool:
+    """Whether `run_nodes` tries the captured graph (else it runs the module calls)."""
+    gm = ctx.capture.graph_module if ctx.capture is not None else None
+    return gm is not None and graph_feed(gm, ctx) is not None
 
 
 def graph_feed(gm: torch.fx.GraphModule, ctx: Context) -> list[Any] | None:

@@ -7,14 +7,25 @@ The model's modes, buffers, RNG state and `.grad`s are restored afterwards.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
 from inspector.context import Context
 from inspector.detection import training_inputs
-from inspector.health.backprop import AutogradGraph, BackwardRun, backward_once
+from inspector.health.backprop import AutogradGraph, BackwardRun, ForwardWatch, backward_once
 from inspector.health.gradrows import layer_rows, module_grad_norms, param_rows
-from inspector.health.nodegrads import ExpectedLoss, LossDiverged, NodeGrads, node_grads
+from inspector.health.nodegrads import (
+    ExpectedLoss,
+    LossDiverged,
+    NodeGrads,
+    OnEagerForward,
+    node_grads,
+)
 from inspector.health.outputs import LossOutput, directions_kept
 from inspector.health.state import preserved
 from inspector.health.thresholds import GRADIENT_KEYS, resolve
+from inspector.health.values import replays_graph
 from inspector.passes.modes import TrainRecorder, shares_train_forward
 from inspector.passes.numerics import Observer
 from inspector.report import Gradients
@@ -38,12 +49,22 @@ def run(ctx: Context) -> None:
         # the replay is the forward numerics would run, when the inputs are the sample's
         observer = Observer(ctx) if ctx.options.wants("numerics") and ctx.inputs is inputs else None
         replay = _Replay(ctx, observer)
-        result = backward_once(ctx, recorder, replay.backward if replay.fills_grads() else None)
+        fills = replay.fills_grads()
+        # no graph to replay: the per-node grads are the module calls', of this forward
+        along = OnEagerForward(observer) if not fills and not replays_graph(ctx) else None
+        watch = _Watches(recorder, along)
+        result = backward_once(ctx, watch, replay.backward if fills else None)
         graded = replay.graded
-        if graded is None and result.backward_ran:
+        if along is not None:
+            along.result.backward_ran = result.backward_ran
+            graded = along.result if result.backward_ran and along.error is None else None
+            if along.error is not None and observer is not None:
+                observer.reset()  # numerics runs its own forward
+        elif graded is None and result.backward_ran:
             graded = _node_grads(ctx, observer) if replay.error is None else None
-    if replay.error is not None and result.backward_ran:  # as when it ran after the backward
-        ctx.report.meta.warnings.append(f"gradients: per-node gradients skipped ({replay.error})")
+    skipped = replay.error or (along.error if along is not None else None)
+    if skipped is not None and result.backward_ran:  # as when it ran after the backward
+        ctx.report.meta.warnings.append(f"gradients: per-node gradients skipped ({skipped})")
     if recorder is not None and recorder.finished:  # the forward ran: modes has its run
         ctx.results.modes_train = recorder
     if graded is not None and observer is not None:
@@ -89,6 +110,24 @@ class _Replay:
             return False
         self.graded = graded if graded.backward_ran else None
         return graded.backward_ran
+
+
+class _Watches:
+    """The forward watches of one eager forward (ForwardWatch), entered in order."""
+
+    def __init__(self, *watches: ForwardWatch | None) -> None:
+        self.watches = [w for w in watches if w is not None]
+
+    @contextmanager
+    def watching(self, ctx: Context) -> Iterator[None]:
+        with ExitStack() as stack:
+            for watch in self.watches:
+                stack.enter_context(watch.watching(ctx))
+            yield
+
+    def finish(self, output: Any) -> None:
+        for watch in self.watches:
+            watch.finish(output)
 
 
 def _node_grads(ctx: Context, observer: Observer | None) -> NodeGrads | None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.module_tracker import ModuleTracker
 
 from inspector.context import Inputs
 from inspector.graph.flops import EXTRA_FORMULAS
@@ -21,6 +22,32 @@ from inspector.graph.tensors import tensor_leaves
 __all__ = ["measure_backward"]
 
 
+class _EnteredInOrder(dict):
+    """A set of module names that keeps the order they were entered in."""
+
+    def add(self, name: str) -> None:
+        self.pop(name, None)
+        self[name] = None
+
+    def remove(self, name: str) -> None:
+        del self[name]
+
+
+class _OrderedTracker(ModuleTracker):
+    """torch's tracker of the open modules, their set kept in the order they were
+    entered: its own set's order is its strings' hashes', which change from one process to
+    the next, and with it which module a tie went to (RetinaNet's per-module backward
+    FLOPs differed between two runs of the same report)."""
+
+    @property
+    def parents(self) -> _EnteredInOrder:
+        return self._entered
+
+    @parents.setter
+    def parents(self, names: Any) -> None:
+        self._entered = _EnteredInOrder.fromkeys(names)
+
+
 class _OwnCounter(FlopCounterMode):
     """Also attributes each op to its innermost module only, so per-module sums add up
     (torch's inclusive per-module counts are not always nested in backward)."""
@@ -28,14 +55,18 @@ class _OwnCounter(FlopCounterMode):
     def __init__(self) -> None:
         super().__init__(display=False, custom_mapping=EXTRA_FORMULAS)
         self.own: dict[str, int] = defaultdict(int)
+        if type(self.mod_tracker) is ModuleTracker:
+            self.mod_tracker = _OrderedTracker()
 
     def _count_flops(self, func_packet, out, args, kwargs):  # noqa: ANN001, ANN202
         before = self.get_total_flops()
         result = super()._count_flops(func_packet, out, args, kwargs)
         delta = self.get_total_flops() - before
         if delta:
+            # the deepest open module; among as deep ones (a backward leaves a module open
+            # whose inputs need no grad) the last entered: the one whose backward runs
             names = [p for p in self.mod_tracker.parents if p != "Global"]
-            self.own[max(names, key=lambda n: n.count("."), default="")] += delta
+            self.own[max(reversed(names), key=lambda n: n.count("."), default="")] += delta
         return result
 
     def per_module(self, root: nn.Module) -> dict[str, int]:

@@ -29,7 +29,9 @@ class _HookRecorder:
         # (record index, flops at start, children's inclusive flops, call key, path)
         self.stack: list[tuple[int, int, list[int], str, str]] = []
         self.ncalls: dict[str, int] = {}
-        self.producer: dict[int, int] = {}  # id(tensor) -> record that returned it
+        # id(tensor) -> (the tensor, held weakly; the record that returned it): a freed
+        # tensor's id comes back on another, which no record returned
+        self.producer: dict[int, tuple[weakref.ref, int]] = {}
         # tensors already counted, held weakly: a freed tensor's id may come back
         self.seen: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 
@@ -51,7 +53,7 @@ class _HookRecorder:
                 target=type(module).__name__,
                 module_path=path,
                 calls=outer + ([(key, path)] if path else []),
-                inputs=sorted({self.producer[id(t)] for t in ins if id(t) in self.producer}),
+                inputs=sorted({i for i in map(self._producer_of, ins) if i is not None}),
                 in_tensors=[tensor_info(t) for t in ins],
                 params=sum(p.numel() for p in module.parameters(recurse=False)),
                 location=self._caller(),
@@ -68,10 +70,15 @@ class _HookRecorder:
         outs = tensor_leaves(output)
         rec.out_tensors = [tensor_info(t) for t in outs]
         for t in outs:
-            self.producer.setdefault(id(t), index)
+            if self._producer_of(t) is None:  # a parent returning its child's: the child's
+                self.producer[id(t)] = (weakref.ref(t), index)
             if self.seen.get(id(t)) is not t:  # a parent returning its child's tensor: count once
                 self.seen[id(t)] = t
                 rec.output_bytes += nbytes(t)
+
+    def _producer_of(self, t: torch.Tensor) -> int | None:
+        held = self.producer.get(id(t))
+        return held[1] if held is not None and held[0]() is t else None
 
     def _caller(self) -> str | None:
         if not self.user_files:

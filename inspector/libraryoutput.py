@@ -10,6 +10,7 @@ for the capture attempt's message (what failed is usually at the end of the dump
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -20,6 +21,9 @@ __all__ = ["Printed", "library_output_captured", "printed_summary", "attach_prin
 
 _HEAD_LINES, _TAIL_LINES, _MAX_CHARS = 4, 12, 1500
 _ATTRIBUTE = "_inspector_printed"  # on an exception: what the library printed meanwhile
+# torch's C++ and logging lines start "W1204 18:07:32.634000 15177 file:line] ": the date,
+# time and process id make two reports of one model differ; the level is kept
+_LOG_PREFIX = re.compile(r"^([IWEF])\d{4} \d{2}:\d{2}:\d{2}\.\d+ +\d+ ")
 
 
 @dataclass
@@ -53,8 +57,13 @@ def library_output_captured() -> Iterator[Printed]:
 
 def printed_summary(text: str) -> str:
     """The first and last lines of `text`, with how much was left out between them.
-    Terminal control lines (a progress bar redrawn meanwhile) are dropped."""
-    lines = [line for line in text.splitlines() if line.strip() and "\x1b" not in line]
+    Terminal control lines (a progress bar redrawn meanwhile) are dropped, and log lines
+    keep their level without their time and process id."""
+    lines = [
+        _LOG_PREFIX.sub(r"\1 ", line)
+        for line in text.splitlines()
+        if line.strip() and "\x1b" not in line
+    ]
     if not lines:
         return ""
     kept = lines

@@ -77,3 +77,19 @@ def test_the_export_pass_keeps_the_dump_off_the_terminal(
     target = export._try(ctx, "export-nonstrict", export._export(strict=False), [], {})
     assert capfd.readouterr().err == ""
     assert target.ok is False and "return (add_2999,)" in target.error
+
+
+def test_log_lines_keep_their_level_without_time_and_process() -> None:
+    """Two reports of one model carry the same message: torch's log prefix held the
+    time and the process id."""
+    text = (
+        "W1204 18:07:32.634000 15177 torch/fx/experimental/symbolic_shapes.py:8866] "
+        "Unable to find user code corresponding to {u0}\n"
+        "def forward(self, x):\n"
+    )
+    summary = printed_summary(text)
+    assert summary.splitlines()[1:] == [
+        "W torch/fx/experimental/symbolic_shapes.py:8866] Unable to find user code "
+        "corresponding to {u0}",
+        "def forward(self, x):",
+    ]

@@ -276,3 +276,25 @@ def test_a_fake_copy_is_chosen_when_a_fake_step_costs_less_than_three_real_forwa
     assert not fake_step_is_cheaper(ctx(0.35, 0.1))
     assert not fake_step_is_cheaper(ctx(0.01, None))  # a fake run: no real forward
     assert not fake_step_is_cheaper(ctx(0.01, 0.1, on_fake=False))  # a real-copy estimate
+
+
+def test_dynamo_does_not_time_the_guards_it_makes(monkeypatch) -> None:
+    """Timing a frame's guards flushes the CPU's caches (16 ms a frame) for a log line
+    nothing reads: skipped during the check, Dynamo's own function back after it."""
+    import torch._dynamo.guards as guards
+
+    timed = []
+
+    def counting(*args: object) -> float:
+        timed.append(args)
+        return 1.0
+
+    monkeypatch.setattr(guards, "profile_guard_manager", counting)
+    section = run(Breaks()).report.compile
+    assert (section.graph_break_count, section.graph_count) == (2, 2)
+    assert timed == [] and guards.profile_guard_manager is counting
+    # the counting stand-in is what Dynamo calls outside the check
+    torch._dynamo.reset()
+    torch.compile(Healthy(), backend="eager")(torch.randn(2, 4))
+    torch._dynamo.reset()
+    assert len(timed) == 1

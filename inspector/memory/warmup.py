@@ -22,8 +22,9 @@ zeros `zeros_like` made, SGD's momentum is the `clone` of a zero gradient. Skipp
 the same in-place updates of tensors with at least one dimension (the 0-dim step counters
 still count), and Adam's denominator (`sqrt`, `div`), read only by a skipped update, which
 gets an uninitialised tensor of its size. What is allocated stays as it was, byte for byte;
-what is not done is touching it: VGG-11's 133 M parameters faulted in 1.6 GB of
-temporaries and updated them, 1.4 s of a 2.4 s warm-up.
+what is not done is touching it: over VGG-11's six largest parameter shapes (130 M values)
+the warm-up faulted in 1 GB of denominators and updated 2 GB of state, 3.7 s against 1.0 s
+for the state's allocation alone.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from inspector.context import CaptureResult, Context
+from inspector.graph.allocated import AllocatedBytes
 from inspector.graph.exportcapture import WRAPPED, export_graph, flat_tensors, moving_axes
 from inspector.graph.fxcapture import FxCapture, trace_fx
 from inspector.graph.fxerrors import FxTraceError, error_type, explain_guided
@@ -280,9 +281,15 @@ def _loaded_export(ctx: Context) -> tuple[CaptureResult, Any]:
 
 def _hooks(ctx: Context) -> tuple[CaptureResult, Any]:
     model = ctx.model
-    with preserved_state(model, real=ctx.fake_mode is None), fake_context(ctx.fake_mode):
+    with (
+        preserved_state(model, real=ctx.fake_mode is None),
+        fake_context(ctx.fake_mode),
+        AllocatedBytes() as allocated,
+    ):
         records = record_hooks(
             model, lambda: ctx.inputs.call(model), user_files=ctx.loaded.user_files
         )
-    # the graph pass reuses this run
-    return CaptureResult(method="hooks", attempts=[], records=records), None
+    # the graph pass reuses this run; what it allocated bounds a step's memory early
+    result = CaptureResult(method="hooks", attempts=[], records=records)
+    result.allocated_bytes = allocated.total
+    return result, None

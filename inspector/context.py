@@ -135,6 +135,7 @@ class CaptureResult:
     # export: per input tensor, {axis: the one named dim that moves it}
     axis_dims: list[dict[int, str]] = field(default_factory=list)
     records: list[NodeRecord] | None = None  # hooks: its recorded run, for the graph pass
+    allocated_bytes: int | None = None  # hooks: every byte its run allocated (memory/rough.py)
     eval_mode: bool = False  # captured in eval mode: train mode failed (capture.py)
 
 

@@ -209,3 +209,44 @@ def test_backward_flops_go_to_the_layer_whose_backward_runs() -> None:
     total, per_module = measure_backward(_Siblings(), Inputs((torch.randn(2, 4),), {}), None)
     assert (per_module["z"], per_module["y"], per_module["x"]) == (128, 256, 512)
     assert total == per_module[""] == 896
+
+
+def test_allocated_bytes_counts_each_new_storage_once() -> None:
+    from inspector.graph.allocated import AllocatedBytes
+
+    x = torch.randn(4, 8)
+    with AllocatedBytes() as counted:
+        a = x * 2  # new: 4 x 8 float32, 128 B
+        v = a.view(8, 4)  # a view of a: nothing
+        a.add_(1)  # in place: nothing
+        c = torch.cat([a, v.reshape(4, 8)])  # the reshape is a view; the cat 256 B
+        c.max(dim=1)  # values (8 float32) and indices (8 int64): 32 + 64 B
+    assert counted.total == 128 + 256 + 32 + 64
+
+
+def test_a_graph_of_module_calls_is_bounded_by_what_its_run_allocated() -> None:
+    """The hooks capture shows module calls, not the ops between them (`h.sum() > 0`,
+    the relu): what its run allocated op by op bounds a step before the memory pass."""
+    from inspector.memory import rough
+
+    torch.manual_seed(0)
+    ctx = make_ctx(*MODELS["data_dependent"], {"B": 4})
+    inspect_ctx(ctx)
+    assert ctx.capture.method == "hooks"
+    x = ctx.inputs.args[0]
+    relu = bool(ctx.model.a(x).sum() > 0)
+    # a's output, h.sum(), the comparison, relu's output where it ran, b's output
+    expected = 4 * 8 * 4 + 4 + 1 + (4 * 8 * 4 if relu else 0) + 4 * 4 * 4
+    assert ctx.capture.allocated_bytes == expected
+    weights = (8 * 8 + 8 + 8 * 4 + 4) * 4
+    bounds = rough.step_bytes(ctx)
+    assert bounds is not None
+    assert bounds.forward_peak == weights + 4 * 8 * 4 + expected
+    assert bounds.saved == 4 * 8 * 4 + 3 * expected
+    # AdamW: gradients, two moments and a step counter for each of the four parameters,
+    # temporaries of 2 x gradients
+    grads = weights
+    assert (
+        bounds.train_peak
+        == weights + grads + 2 * grads + 4 * 4 + bounds.saved + expected + 2 * grads
+    )

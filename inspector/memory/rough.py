@@ -12,7 +12,11 @@ estimate, as before.
 
 Only where the graph shows every op: a layer kept whole whose own temporaries and saved
 tensors can outgrow its inputs and outputs (an LSTM's gates, attention's weights in
-nn.MultiheadAttention, a submodule fx could not trace through) has no bound here.
+nn.MultiheadAttention, a submodule fx could not trace through) has no bound here. A graph
+of module calls (the hooks capture: detectors, models fx and export cannot trace) shows
+no op at all, but its capture ran the forward and counted every byte its ops allocated:
+that total stands in for the nodes' outputs (Mask R-CNN's passes beside then start with
+the graph, not 13 s later after the memory pass).
 """
 
 from __future__ import annotations
@@ -43,10 +47,10 @@ def step_bytes(ctx: Any) -> StepBytes | None:
     estimated = (mem.forward_peak_bytes, mem.saved_activation_bytes, mem.train_peak_bytes)
     if all(n is not None for n in estimated):
         return StepBytes(*estimated)
-    totals = ctx.report.totals
-    if not ctx.report.nodes or not totals.output_bytes or not _every_op_shown(ctx.capture):
+    activations = _activation_bytes(ctx)
+    if activations is None:
         return None
-    activations = totals.output_bytes  # the inputs' placeholders included
+    totals = ctx.report.totals
     weights = totals.param_bytes + totals.buffer_bytes
     inputs = sum(t.numel() * t.element_size() for t in ctx.inputs.tensors())
     trainable = [p for p in unique_tensors(ctx.model.parameters()) if p.requires_grad]
@@ -60,6 +64,18 @@ def step_bytes(ctx: Any) -> StepBytes | None:
         saved=saved,
         train_peak=weights + grads + state + saved + activations + 2 * grads,
     )
+
+
+def _activation_bytes(ctx: Any) -> int | None:
+    """What a forward's ops output, all of it: the graph's nodes' outputs where the graph
+    shows every op, else what a hooks capture's run allocated op by op (its graph shows
+    module calls only; inspector/graph/allocated.py); None where neither is known."""
+    capture, totals = ctx.capture, ctx.report.totals
+    if ctx.report.nodes and totals.output_bytes and _every_op_shown(capture):
+        return totals.output_bytes  # the inputs' placeholders included
+    if capture is not None and capture.method == "hooks" and not capture.eval_mode:
+        return capture.allocated_bytes or None
+    return None
 
 
 # Layers kept whole whose temporaries and saved tensors are no larger than their inputs

@@ -290,6 +290,6 @@ def _hooks(ctx: Context) -> tuple[CaptureResult, Any]:
             model, lambda: ctx.inputs.call(model), user_files=ctx.loaded.user_files
         )
     # the graph pass reuses this run; what it allocated bounds a step's memory early
-    result = CaptureResult(method="hooks", attempts=[], records=records)
-    result.allocated_bytes = allocated.total
-    return result, None
+    return CaptureResult(
+        method="hooks", attempts=[], records=records, allocated_bytes=allocated.total
+    ), None

@@ -32,8 +32,6 @@ class _HookRecorder:
         # id(tensor) -> (the tensor, held weakly; the record that returned it): a freed
         # tensor's id comes back on another, which no record returned
         self.producer: dict[int, tuple[weakref.ref, int]] = {}
-        # tensors already counted, held weakly: a freed tensor's id may come back
-        self.seen: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 
     def _flops(self) -> int:
         return self.counter.get_total_flops() if self.counter is not None else 0
@@ -70,10 +68,9 @@ class _HookRecorder:
         outs = tensor_leaves(output)
         rec.out_tensors = [tensor_info(t) for t in outs]
         for t in outs:
-            if self._producer_of(t) is None:  # a parent returning its child's: the child's
+            # a parent returning its child's tensor: the child's, its bytes counted once
+            if self._producer_of(t) is None:
                 self.producer[id(t)] = (weakref.ref(t), index)
-            if self.seen.get(id(t)) is not t:  # a parent returning its child's tensor: count once
-                self.seen[id(t)] = t
                 rec.output_bytes += nbytes(t)
 
     def _producer_of(self, t: torch.Tensor) -> int | None:

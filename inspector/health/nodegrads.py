@@ -4,7 +4,7 @@ in backward order, whose output gradient holds NaN/Inf."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -83,14 +83,19 @@ def node_grads(
     return result
 
 
-def _recording_grads(result: NodeGrads, also: Observer | None) -> OnValue:
+def _recording_grads(
+    result: NodeGrads,
+    also: Observer | None,
+    record: Callable[[str, torch.Tensor], None] | None = None,
+) -> OnValue:
     """Each node's output gradient into `result` (by a hook on the output, which fires in
-    the backward); `also` sees the value."""
+    the backward; `record(name, grad)` in its place where given); `also` sees the value."""
+    record = record or partial(_record, result)
 
     def on_value(ref: NodeRef, value: Any) -> None:
         tensor = _first_grad_tensor(value)
         if tensor is not None:
-            tensor.register_hook(lambda grad, name=ref.name: _record(result, name, grad))
+            tensor.register_hook(partial(record, ref.name))
         if also is not None:
             also.on_value(ref, value)
 
@@ -106,8 +111,8 @@ class OnEagerForward:
 
     def __init__(self, also: Observer | None) -> None:
         self.result = NodeGrads(method="modules")
-        self.also = also
         self.error: Exception | None = None
+        self._on_value = _recording_grads(self.result, also, self._record)
 
     @contextmanager
     def watching(self, ctx: Context) -> Iterator[None]:
@@ -119,11 +124,7 @@ class OnEagerForward:
             return
         try:
             with torch._C.DisableTorchFunction():
-                tensor = _first_grad_tensor(value)
-                if tensor is not None:
-                    tensor.register_hook(partial(self._record, ref.name))
-                if self.also is not None:
-                    self.also.on_value(ref, value)
+                self._on_value(ref, value)
         except Exception as exc:  # noqa: BLE001 - per-node grads are extra; keep the forward
             self.error = exc
 

@@ -110,10 +110,13 @@ def forget_user_modules() -> None:
     """Drop the modules the previous load imported from the user's folders and its
     sys.path entries; put back what it set aside."""
     if _previous.paths:
-        for name, module in list(sys.modules.items()):
+        # only what the load added can be its: each location is a realpath, and resolving
+        # all of sys.modules took 0.1 s of a ResNet-18 report's load (2,600 modules)
+        added = [n for n in sys.modules if n not in _previous.hosts]
+        for name in added:
             fresh = name.startswith(_FRESH_PREFIX)
-            ours = _inside(_location(module), _previous.paths) and not _is_runtime(name)
-            if ours and not fresh and name not in _previous.hosts:
+            module = sys.modules[name]
+            if not fresh and _inside(_location(module), _previous.paths) and not _is_runtime(name):
                 del sys.modules[name]
     for path in _previous.paths:
         if path in sys.path:

@@ -23,8 +23,10 @@ from inspector.inputspec import parse_input
 from inspector.isolation import isolation_mode, run_passes
 from inspector.loaders.compiled import compiled_note, unwrap_compiled
 from inspector.loaders.load import load_model
+from inspector.memory.inference import InferenceRecording, RecordedInference
 from inspector.memory.namedblocks import match_blocks, named_blocks
 from inspector.passes import BESIDE, PASSES, runs_model, wanted
+from inspector.passes.measure import records_inference
 from inspector.passes.modes import EvalRecorder, records_eval
 from inspector.progress import StagePlan
 from inspector.realcopy import needs_values, real_copy_decision
@@ -110,6 +112,7 @@ def _inspect(model: str, input: str | None, options: Options, progress) -> Repor
     ctx = Context(loaded, factory, inputs, options, report, fake_mode=fake_mode)
     ctx.results.real_forward_seconds = forward_s if fake_mode is None else None
     ctx.results.eval_output, ctx.results.modes_eval = check.eval_output, check.modes_eval
+    ctx.results.inference_recorded = check.inference
     notify("capture", plan.percent("capture"))
     with _timed(timings, "capture"):
         ctx.capture = capture_graph(ctx)
@@ -129,6 +132,7 @@ class _CheckRun:
 
     eval_output: tuple[Inputs, Any] | None = None  # where the export checks compare with it
     modes_eval: EvalRecorder | None = None  # modes' eval() run, recorded
+    inference: RecordedInference | None = None  # the measured step's inference forward
 
 
 def _load(
@@ -150,6 +154,9 @@ def _load(
         # and modes' eval() run (recorded).
         keeper = _keeper(kept, loaded.model) if _keeps(options) else None
         recorder = EvalRecorder(inputs) if records_eval(options) else None
+        # and the measured step's inference forward (inspector/memory/inference.py)
+        recording = InferenceRecording(inputs) if records_inference(options) else None
+        output: list[Any] = []
         start = time.perf_counter()
         with _collector_paused():
             limit = check_inputs_fit(
@@ -157,14 +164,17 @@ def _load(
                 inputs,
                 loaded.user_files,
                 seed=options.seed if keeper or recorder else None,
-                keep=_both(keeper, recorder),
+                keep=_keeping(recorder.finish if recorder else None, keeper, output.append),
                 watch=recorder.watching(loaded.model) if recorder else None,
+                around_forward=recording.recorded() if recording else None,
             )
         # the model's forward, without the recording's copies: what a real run costs
         seconds = time.perf_counter() - start - (recorder.seconds if recorder else 0.0)
         if limit is None and fake_mode is not None:  # training may branch on values too
             limit = fake_train_limit(loaded.model, inputs)
     check = _CheckRun((inputs, kept[0]) if kept else None, recorder)
+    if recording is not None and output:
+        check.inference = recording.finish(output[0], recorder.copies() if recorder else ())
     return loaded, factory, inputs, limit, seconds, check
 
 
@@ -202,17 +212,13 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _both(
-    keeper: Callable[[Any], None] | None, recorder: EvalRecorder | None
-) -> Callable[[Any], None] | None:
-    if keeper is None and recorder is None:
-        return None
+def _keeping(*takers: Callable[[Any], None] | None) -> Callable[[Any], None]:
+    """What hands the check's output to each of `takers`, in order."""
 
     def keep(output: Any) -> None:
-        if recorder is not None:
-            recorder.finish(output)
-        if keeper is not None:
-            keeper(output)
+        for take in takers:
+            if take is not None:
+                take(output)
 
     return keep
 

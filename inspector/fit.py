@@ -36,6 +36,7 @@ def check_inputs_fit(
     seed: int | None = None,
     keep: Callable[[Any], None] | None = None,
     watch: AbstractContextManager | None = None,
+    around_forward: AbstractContextManager | None = None,
 ) -> BaseException | None:
     """Run one forward under no_grad; raise InputMismatchError (the inputs do not fit a
     layer) or UserCodeError (the user's code raised). Works on real and fake tensors.
@@ -50,7 +51,7 @@ def check_inputs_fit(
     With `seed`, the forward runs just after `torch.manual_seed(seed)`, and the random
     generators are as they were afterwards: it is then the seeded eval() forward other
     passes run, and `keep` receives its output; `watch` is entered around the forward,
-    inside the seeding.
+    inside the seeding. `around_forward` is entered around the model's call alone.
     """
     tracker = _Tracker(model)
     saved = {name: b.clone() for name, b in model.named_buffers()}
@@ -58,7 +59,8 @@ def check_inputs_fit(
     model.eval()
     try:
         with torch.no_grad(), tracker, _seeded(seed), watch or nullcontext():
-            output = inputs.call(model)
+            with around_forward or nullcontext():
+                output = inputs.call(model)
             if keep is not None:
                 keep(output)
     except Exception as exc:

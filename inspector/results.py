@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # these modules import inspector.context, which imports this 
     from inspector.health.normeps import LostEps
     from inspector.memory.advice import Checked
     from inspector.memory.analysis import Analysis
+    from inspector.memory.inference import RecordedInference
     from inspector.memory.measure import Measurement
     from inspector.passes.modes import EvalRecorder, TrainRecorder
     from inspector.passes.numerics import NumericsResult
@@ -50,6 +51,8 @@ class PassResults:
     memory_measured: Measurement | None = None  # passes/measure.py, real runs only
     # analyze.py: seconds of the inputs-fit check's forward (real runs: eval, no grad)
     real_forward_seconds: float | None = None
+    # analyze.py: the measured step's inference forward, recorded on the same check
+    inference_recorded: RecordedInference | None = None
     gradients: BackwardRun | None = None  # passes/gradients.py: the forward + backward
     numerics: NumericsResult | None = None  # passes/numerics.py
     # passes/gradients.py: the value statistics of its per-node replay, the forward the

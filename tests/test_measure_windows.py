@@ -51,14 +51,14 @@ def test_recording_allocations_only_measures_what_the_full_profile_does(monkeypa
     """The meter records allocations and its own windows, not an event per op; the
     public profiler, which records everything (the fallback where torch's private
     entry points differ), measures the same bytes. Both are checked against hand sums."""
-    from inspector.memory import measure as measure_module
+    from inspector.memory import allocations as allocations_module
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 8))
     inputs = Inputs((torch.randn(32, 256),), {})
-    assert measure_module._user_scope_config() is not None  # this torch: the short path
+    assert allocations_module._user_scope_config() is not None  # this torch: the short path
     short = measure(model, inputs, StepOptions(optimizer="sgd"))
-    monkeypatch.setattr(measure_module, "_user_scope_config", lambda: None)
+    monkeypatch.setattr(allocations_module, "_user_scope_config", lambda: None)
     full = measure(model, inputs, StepOptions(optimizer="sgd"))
     assert (short.train_peak_bytes, short.forward_peak_bytes) == (
         full.train_peak_bytes,
@@ -74,7 +74,7 @@ def test_a_block_from_an_earlier_recording_freed_during_the_step_is_not_the_step
     """The profiler reports freeing a block any earlier recording in the process saw
     allocated (here: a tensor the step's hook lets go, as the garbage collector lets go
     of one an earlier test kept in a cycle); the step never had those bytes."""
-    from inspector.memory.measure import _allocations_recorded
+    from inspector.memory.allocations import allocations_recorded
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 8))
@@ -82,7 +82,7 @@ def test_a_block_from_an_earlier_recording_freed_during_the_step_is_not_the_step
     plain = measure(model, inputs, StepOptions(optimizer="sgd"))
 
     kept = {}
-    with _allocations_recorded():
+    with allocations_recorded():
         kept["old"] = torch.ones(10_000)  # 40,000 bytes, seen allocated by that recording
 
     def let_go(module, args, output):  # noqa: ANN001, ANN202

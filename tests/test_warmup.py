@@ -187,14 +187,14 @@ def test_a_real_warm_up_without_values_leaves_the_full_steps_state(name: str) ->
     momentum the clone of a zero gradient, each counter at one step. The same bytes are
     allocated, in the same order (all but the 0-dim tensors the kernels wrap Python
     numbers in), and the arithmetic that does not change the state is not run."""
-    from inspector.memory.measure import _allocations_recorded
+    from inspector.memory.allocations import allocations_recorded
 
     runs = []
     for values in (True, False):
         torch.manual_seed(0)
         params = [torch.nn.Parameter(torch.randn(6, 4)), torch.nn.Parameter(torch.randn(4))]
         optimizer = make_optimizer(name, params)
-        with _allocations_recorded() as events, _Seen() as seen:
+        with allocations_recorded() as events, _Seen() as seen:
             warm_up(optimizer, params, shorten=False, values=values)
         events_in_order = sorted(_allocation_events(events()), key=lambda e: e.start_time_ns)
         # +/- bytes of the allocations and frees of tensors of 4 values and more

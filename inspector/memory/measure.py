@@ -14,26 +14,28 @@ yet), and the training step after the optimizer's warm-up. Inside the step, the 
 and loss are a window of their own: what they leave allocated is what autograd saved,
 plus the loss. The inputs were allocated before it, so those autograd saved (the first
 layer's input, token ids) are added by storage, seen by a saved-tensors hook.
+On the CPU the inference forward may have been recorded already, on the load's input
+check (inference.py): its peak above its start then stands on what the step holds once
+its copy of the weights and inputs are made, and the step runs none.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from inspector.context import Inputs
+from inspector.memory.allocations import WINDOW_PREFIX, allocations_recorded, read_events
 from inspector.memory.loss import compute_loss
 from inspector.memory.optimizer import make_optimizer
 from inspector.memory.shadow import clone_inputs, real_shadow
 from inspector.memory.step import StepOptions, unique_tensors, warm_up
-from inspector.nativenoise import native_noise_filtered
 
 __all__ = ["Measurement", "measure", "relative_error"]
 
@@ -54,22 +56,29 @@ def relative_error(estimate: int | None, measured: int | None) -> float | None:
     return (estimate - measured) / measured
 
 
-def measure(model: nn.Module, inputs: Inputs, opts: StepOptions) -> Measurement:
+def measure(
+    model: nn.Module, inputs: Inputs, opts: StepOptions, inference: int | None = None
+) -> Measurement:
+    """`inference`: the inference forward's peak above its start, recorded on these
+    inputs already (inference.py, CPU only): the step runs no inference forward."""
     # the estimate's first draws (a step that branches on random draws, as layerdrop,
     # is measured on the same ones); the caller's RNG is restored
     devices = [torch.cuda.current_device()] if opts.device == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        return _measure(model, inputs, opts)
+        return _measure(model, inputs, opts, inference)
 
 
-def _measure(model: nn.Module, inputs: Inputs, opts: StepOptions) -> Measurement:
+def _measure(
+    model: nn.Module, inputs: Inputs, opts: StepOptions, inference: int | None
+) -> Measurement:
     meter: _Meter = _CudaMeter() if opts.device == "cuda" else _ProfilerMeter()
     with meter.recording():
         with meter.window("setup"):
             shadow = real_shadow(model)
             batch = clone_inputs(inputs)
-        with meter.window("forward"):
-            _inference(shadow, batch, opts)
+        if inference is None:
+            with meter.window("forward"):
+                _inference(shadow, batch, opts)
         trainable = [p for p in unique_tensors(shadow.parameters()) if p.requires_grad]
         optimizer = make_optimizer(opts.optimizer, trainable)
         # the ground truth: every parameter's state as a real loop's, allocated as its first
@@ -83,7 +92,9 @@ def _measure(model: nn.Module, inputs: Inputs, opts: StepOptions) -> Measurement
     return Measurement(
         method=meter.method,
         device=opts.device,
-        forward_peak_bytes=meter.peak("forward"),
+        forward_peak_bytes=(
+            meter.peak("forward") if inference is None else meter.held("setup") + inference
+        ),
         saved_activation_bytes=meter.net("saved") + kept_apart,
         train_peak_bytes=meter.peak("step"),
         step_seconds=seconds,
@@ -186,6 +197,10 @@ class _Meter:
     def net(self, name: str) -> int:
         raise NotImplementedError
 
+    def held(self, name: str) -> int:
+        """The live bytes as the window ends (what the step holds from then on)."""
+        raise NotImplementedError
+
 
 class _ProfilerMeter(_Meter):
     """Allocation events from torch.profiler; live bytes = running sum of their sizes."""
@@ -198,28 +213,14 @@ class _ProfilerMeter(_Meter):
 
     @contextmanager
     def recording(self) -> Iterator[None]:
-        # kineto prints USDT lines straight to fd 2 at start and stop
-        with native_noise_filtered(), _allocations_recorded() as events:
+        with allocations_recorded() as roots:
             yield
-        self._collect(events())
+        recorded = read_events(roots())
+        self.ranges = recorded.windows
+        self.allocs = _recorded_lifetimes(recorded.events)
 
     def window(self, name: str):  # noqa: ANN201
-        return torch.profiler.record_function(f"inspector.{name}")
-
-    def _collect(self, roots: list[Any]) -> None:
-        from torch._C._profiler import _EventType
-
-        events = []  # (time_ns, +/- bytes, address)
-        stack = list(roots)
-        while stack:
-            event = stack.pop()
-            stack.extend(event.children)
-            if event.tag == _EventType.Allocation:
-                fields = event.extra_fields
-                events.append((event.start_time_ns, fields.alloc_size, fields.ptr))
-            elif event.name.startswith("inspector."):
-                self.ranges[event.name[10:]] = (event.start_time_ns, event.end_time_ns)
-        self.allocs = _recorded_lifetimes(sorted(events))
+        return torch.profiler.record_function(WINDOW_PREFIX + name)
 
     def _running(self, name: str) -> tuple[int, list[int]]:
         start, end = self.ranges[name]
@@ -240,6 +241,10 @@ class _ProfilerMeter(_Meter):
         before, inside = self._running(name)
         return (inside[-1] if inside else before) - before
 
+    def held(self, name: str) -> int:
+        before, inside = self._running(name)
+        return inside[-1] if inside else before
+
 
 def _recorded_lifetimes(events: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
     """The allocations, and the frees of what this recording saw allocated. The profiler
@@ -257,57 +262,6 @@ def _recorded_lifetimes(events: list[tuple[int, int, int]]) -> list[tuple[int, i
             continue
         kept.append((t, size))
     return kept
-
-
-@contextmanager
-def _allocations_recorded() -> Iterator[Callable[[], list[Any]]]:
-    """torch.profiler's CPU recording with memory events, keeping the allocations and our
-    `record_function` windows (the user scope) only: not an event per op, which on a
-    1,000-layer model made stopping the profiler and reading its events take seconds
-    longer than the step itself. Where torch's private entry points differ, the public
-    profiler records everything, as before."""
-    config = _user_scope_config()
-    if config is None:
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
-            yield lambda: list(prof.profiler.kineto_results.experimental_event_tree())
-        return
-    from torch._C._profiler import ProfilerActivity, RecordScope
-    from torch.autograd import _disable_profiler, _enable_profiler, _prepare_profiler
-
-    activities = {ProfilerActivity.CPU}
-    _prepare_profiler(config, activities)
-    _enable_profiler(config, activities, {RecordScope.USER_SCOPE})
-    result = None
-    try:
-        yield lambda: list(result.experimental_event_tree())
-    finally:
-        result = _disable_profiler()
-
-
-def _user_scope_config() -> Any:
-    """The profiler's config for memory events, or None where this torch spells its
-    private entry points otherwise."""
-    try:
-        from torch._C._profiler import (
-            ProfilerConfig,
-            ProfilerState,
-            RecordScope,  # noqa: F401 - what the recording asks for
-            _ExperimentalConfig,
-        )
-        from torch.autograd import (  # noqa: F401 - what the recording calls
-            _disable_profiler,
-            _enable_profiler,
-            _prepare_profiler,
-        )
-
-        args = (ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig())
-        try:
-            return ProfilerConfig(*args, "")  # torch >= 2.6: a trace id
-        except TypeError:
-            return ProfilerConfig(*args)
-    except (ImportError, AttributeError, TypeError):
-        return None
 
 
 class _CudaMeter(_Meter):

@@ -11,18 +11,26 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from inspector.context import Context
+from inspector.context import Context, Options
 from inspector.detection import training_inputs
-from inspector.memory.analysis import step_options
+from inspector.memory.analysis import AUTOCAST_DTYPES, step_options
 from inspector.memory.measure import Measurement, measure, relative_error
 from inspector.memory.rough import step_bytes
+from inspector.memory.step import StepOptions
 from inspector.report import MeasuredMemory
 
-__all__ = ["run", "wanted", "compute", "apply", "needs"]
+__all__ = ["run", "wanted", "compute", "apply", "needs", "records_inference"]
 
 
 def wanted(ctx: Context) -> bool:
     return not ctx.options.fake and ctx.options.measure
+
+
+def records_inference(options: Options) -> bool:
+    """Whether the load's input check records the measured step's inference forward
+    (inspector/memory/inference.py): a real run on the CPU without autocast, the step's."""
+    real = not options.fake and options.measure and options.wants("memory")
+    return real and options.device == "cpu" and AUTOCAST_DTYPES.get(options.dtype) is None
 
 
 def run(ctx: Context) -> None:
@@ -43,10 +51,20 @@ def compute(ctx: Context) -> Measurement | str:
     # a detector given images only gets targets: the memory pass said so already
     with training_inputs(ctx, None):
         try:
-            return measure(ctx.model, ctx.inputs, replace(step_options(ctx), fake_mode=None))
+            opts = replace(step_options(ctx), fake_mode=None)
+            return measure(ctx.model, ctx.inputs, opts, _recorded_inference(ctx, opts))
         except Exception as exc:  # noqa: BLE001 - the estimate stands without it
             lines = str(exc).strip().splitlines()
             return f"memory measurement: {type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+def _recorded_inference(ctx: Context, opts: StepOptions) -> int | None:
+    """The inference forward's peak, recorded at load, where it ran on these inputs (not
+    a detector's, given targets here) and as the step would run it."""
+    recorded = ctx.results.inference_recorded
+    if recorded is None or recorded.inputs is not ctx.inputs:
+        return None
+    return recorded.peak_bytes if opts.device == "cpu" and opts.autocast is None else None
 
 
 def apply(ctx: Context, m: Measurement | str) -> None:

@@ -158,6 +158,10 @@ class EvalRecorder:
         self.calls.append((path, k, tensor.detach().clone()))
         self.kept_bytes += tensor.numel() * tensor.element_size()
 
+    def copies(self) -> list[torch.Tensor]:
+        """What it copied during the forward and keeps: no allocation of the model's."""
+        return [value for _, _, value in self.calls]
+
     def finish(self, output: Any) -> None:
         began = time.perf_counter()
         self.outputs = [t.detach().clone() for _, t in float_outputs(output)]

@@ -1,0 +1,111 @@
+"""torch.profiler's allocation events on the CPU: each allocation and free with its size
+and address, and the `record_function` windows the inspector opened around them. The
+ground truth of the measured step (measure.py) and of the load's inference forward
+(inference.py) is read from them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from inspector.nativenoise import native_noise_filtered
+
+__all__ = ["Recorded", "allocations_recorded", "read_events", "WINDOW_PREFIX"]
+
+WINDOW_PREFIX = "inspector."  # `record_function` names of the windows read back
+
+
+@dataclass
+class Recorded:
+    """What one recording saw: (time_ns, +/- bytes, address) in time order, and each
+    window's (start_ns, end_ns) by its name without the prefix."""
+
+    events: list[tuple[int, int, int]] = field(default_factory=list)
+    windows: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def read_events(roots: list[Any]) -> Recorded:
+    """The allocations and our windows in a recording's event tree."""
+    from torch._C._profiler import _EventType
+
+    recorded = Recorded()
+    stack = list(roots)
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag == _EventType.Allocation:
+            fields = event.extra_fields
+            recorded.events.append((event.start_time_ns, fields.alloc_size, fields.ptr))
+        elif event.name.startswith(WINDOW_PREFIX):
+            name = event.name[len(WINDOW_PREFIX) :]
+            recorded.windows[name] = (event.start_time_ns, event.end_time_ns)
+    recorded.events.sort()
+    return recorded
+
+
+@contextmanager
+def allocations_recorded() -> Iterator[Callable[[], list[Any]]]:
+    """torch.profiler's CPU recording with memory events, keeping the allocations and our
+    `record_function` windows (the user scope) only: not an event per op, which on a
+    1,000-layer model made stopping the profiler and reading its events take seconds
+    longer than the step itself. Where torch's private entry points differ, the public
+    profiler records everything, as before. Yields what returns the event tree's roots,
+    once the recording has stopped.
+
+    Kineto prints a line straight to fd 2 as it starts and stops: those two moments only
+    are filtered, so what the block writes (a native crash's report) reaches fd 2 as it
+    happens."""
+    config = _user_scope_config()
+    if config is None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        prof = torch.profiler.profile(activities=activities, profile_memory=True)
+        with native_noise_filtered():
+            prof.start()
+        try:
+            yield lambda: list(prof.profiler.kineto_results.experimental_event_tree())
+        finally:
+            with native_noise_filtered():
+                prof.stop()
+        return
+    from torch._C._profiler import ProfilerActivity, RecordScope
+    from torch.autograd import _disable_profiler, _enable_profiler, _prepare_profiler
+
+    activities = {ProfilerActivity.CPU}
+    with native_noise_filtered():
+        _prepare_profiler(config, activities)
+        _enable_profiler(config, activities, {RecordScope.USER_SCOPE})
+    result = None
+    try:
+        yield lambda: list(result.experimental_event_tree())
+    finally:
+        with native_noise_filtered():
+            result = _disable_profiler()
+
+
+def _user_scope_config() -> Any:
+    """The profiler's config for memory events, or None where this torch spells its
+    private entry points otherwise."""
+    try:
+        from torch._C._profiler import (
+            ProfilerConfig,
+            ProfilerState,
+            RecordScope,  # noqa: F401 - what the recording asks for
+            _ExperimentalConfig,
+        )
+        from torch.autograd import (  # noqa: F401 - what the recording calls
+            _disable_profiler,
+            _enable_profiler,
+            _prepare_profiler,
+        )
+
+        args = (ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig())
+        try:
+            return ProfilerConfig(*args, "")  # torch >= 2.6: a trace id
+        except TypeError:
+            return ProfilerConfig(*args)
+    except (ImportError, AttributeError, TypeError):
+        return None

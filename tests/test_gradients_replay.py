@@ -202,7 +202,7 @@ def test_a_failing_per_node_hook_costs_the_per_node_grads_only(monkeypatch) -> N
     def broken(result: object, name: str, grad: torch.Tensor) -> None:
         raise ValueError("statistics broke")
 
-    monkeypatch.setattr(nodegrads, "_record", broken)
+    monkeypatch.setattr(nodegrads, "record_grad", broken)
     model, x = Branchy(), torch.randn(4, 6)
     ctx = context_for(model, (x,), user_files=[TESTS])
     gradients.run(ctx)

@@ -95,11 +95,14 @@ OwnBackward = Callable[[float, "AutogradGraph", "tuple[LossOutput, ...] | None"]
 
 
 def backward_once(
-    ctx: Context, watch: ForwardWatch | None = None, backward: OwnBackward | None = None
+    ctx: Context,
+    watch: ForwardWatch | None = None,
+    backward: Callable[[], OwnBackward | None] | None = None,
 ) -> BackwardRun:
     """The eager forward under the recorders, the loss, and the backward: the eager one,
-    or `backward` where it runs (one forward and backward fewer for the report). Where
-    it does not, the eager forward and backward run again: their error is the answer."""
+    or the one `backward()` gives once the forward has run, where it runs (one forward
+    and backward fewer for the report). Where it does not, the eager forward and
+    backward run again: their error is the answer."""
     run = BackwardRun()
     model = ctx.model
     for param in model.parameters():
@@ -140,11 +143,12 @@ def backward_once(
         run.error = f"the loss does not require grad: no parameter gradient reaches it{by}"
         return run
     run.loss_value = float(loss.detach())
-    if backward is not None:
+    own = backward() if backward is not None else None
+    if own is not None:
         graph = autograd_graph(loss)
         formed = None if ctx.loaded.loss_fn is not None else loss_outputs(output)
         del loss, output  # the eager graph goes before the other forward
-        if backward(run.loss_value, graph, formed):
+        if own(run.loss_value, graph, formed):
             run.backward_ran = True
             run.grads = _grad_stats(model)
             return run

@@ -20,6 +20,7 @@ from inspector.health.values import NodeRef, OnValue, module_values, run_nodes
 
 __all__ = [
     "ExpectedLoss", "LossDiverged", "NodeGrads", "node_grads", "Observer", "OnEagerForward",
+    "recording_grads", "record_grad",
 ]  # fmt: skip
 
 
@@ -65,7 +66,7 @@ def node_grads(
     `expect`: the eager forward's loss, which this one must be, value and autograd graph,
     before its backward runs (else LossDiverged)."""
     result = NodeGrads()
-    on_value = _recording_grads(result, also)
+    on_value = recording_grads(result, also)
 
     def on_reset() -> None:
         result.norms.clear()
@@ -83,14 +84,14 @@ def node_grads(
     return result
 
 
-def _recording_grads(
+def recording_grads(
     result: NodeGrads,
     also: Observer | None,
     record: Callable[[str, torch.Tensor], None] | None = None,
 ) -> OnValue:
     """Each node's output gradient into `result` (by a hook on the output, which fires in
     the backward; `record(name, grad)` in its place where given); `also` sees the value."""
-    record = record or partial(_record, result)
+    record = record or partial(record_grad, result)
 
     def on_value(ref: NodeRef, value: Any) -> None:
         tensor = _first_grad_tensor(value)
@@ -112,7 +113,7 @@ class OnEagerForward:
     def __init__(self, also: Observer | None) -> None:
         self.result = NodeGrads(method="modules")
         self.error: Exception | None = None
-        self._on_value = _recording_grads(self.result, also, self._record)
+        self._on_value = recording_grads(self.result, also, self._record)
 
     @contextmanager
     def watching(self, ctx: Context) -> Iterator[None]:
@@ -132,7 +133,7 @@ class OnEagerForward:
         if self.error is not None:
             return
         try:
-            _record(self.result, name, grad)
+            record_grad(self.result, name, grad)
         except Exception as exc:  # noqa: BLE001 - as above; the gradient flows on unchanged
             self.error = exc
 
@@ -179,7 +180,7 @@ def _same_loss(loss: torch.Tensor | None, expected: ExpectedLoss) -> bool:
     return same and autograd_graph(loss) == expected.graph
 
 
-def _record(result: NodeGrads, name: str, grad: torch.Tensor) -> None:
+def record_grad(result: NodeGrads, name: str, grad: torch.Tensor) -> None:
     stats = grad_stats(grad)
     if name in result.norms:  # a node whose output is read twice: the hook sees the sum
         return

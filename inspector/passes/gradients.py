@@ -13,7 +13,14 @@ from typing import Any
 
 from inspector.context import Context
 from inspector.detection import training_inputs
-from inspector.health.backprop import AutogradGraph, BackwardRun, ForwardWatch, backward_once
+from inspector.health.backprop import (
+    AutogradGraph,
+    BackwardRun,
+    ForwardWatch,
+    OwnBackward,
+    backward_once,
+)
+from inspector.health.eagergraph import EagerGraphNodes
 from inspector.health.gradrows import layer_rows, module_grad_norms, param_rows
 from inspector.health.nodegrads import (
     ExpectedLoss,
@@ -50,19 +57,23 @@ def run(ctx: Context) -> None:
         observer = Observer(ctx) if ctx.options.wants("numerics") and ctx.inputs is inputs else None
         replay = _Replay(ctx, observer)
         fills = replay.fills_grads()
+        # the graph's nodes met on this forward: no replay where each is (eagergraph.py)
+        met = EagerGraphNodes(ctx, observer) if fills else None
         # no graph to replay: the per-node grads are the module calls', of this forward
         along = OnEagerForward(observer) if not fills and not replays_graph(ctx) else None
-        watch = _Watches(recorder, along)
-        result = backward_once(ctx, watch, replay.backward if fills else None)
+        watch = _Watches(recorder, along, met)
+        result = backward_once(ctx, watch, lambda: _replayed(replay, met, observer))
         graded = replay.graded
-        if along is not None:
-            along.result.backward_ran = result.backward_ran
-            graded = along.result if result.backward_ran and along.error is None else None
-            if along.error is not None and observer is not None:
+        # per-node grads of this forward and backward: what recorded them, if anything
+        eager = met if met is not None and met.matched else along
+        if eager is not None:
+            eager.result.backward_ran = result.backward_ran
+            graded = eager.result if result.backward_ran and eager.error is None else None
+            if eager.error is not None and observer is not None:
                 observer.reset()  # numerics runs its own forward
         elif graded is None and result.backward_ran:
             graded = _node_grads(ctx, observer) if replay.error is None else None
-    skipped = replay.error or (along.error if along is not None else None)
+    skipped = replay.error or (eager.error if eager is not None else None)
     if skipped is not None and result.backward_ran:  # as when it ran after the backward
         ctx.report.meta.warnings.append(f"gradients: per-node gradients skipped ({skipped})")
     if recorder is not None and recorder.finished:  # the forward ran: modes has its run
@@ -110,6 +121,18 @@ class _Replay:
             return False
         self.graded = graded if graded.backward_ran else None
         return graded.backward_ran
+
+
+def _replayed(
+    replay: _Replay, met: EagerGraphNodes | None, observer: Observer | None
+) -> OwnBackward | None:
+    """The replay's backward in the eager one's place, unless the eager forward met every
+    node of the graph (its backward then fills the per-node grads) or there is no graph."""
+    if met is None or met.matched:
+        return None
+    if observer is not None:  # what it saw of the eager forward was not every node
+        observer.reset()
+    return replay.backward
 
 
 class _Watches:

@@ -50,10 +50,24 @@ class Mixed(nn.Module):
 
 
 class WithConstant(Mixed):
-    """Makes a tensor of a Python number: fx keeps it as a constant, eager calls torch."""
+    """Makes a tensor of a Python number: fx keeps it as a constant (an attribute of the
+    graph's), eager calls torch.tensor at each forward."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x) * torch.tensor(3.0)
+
+
+def shifted(x: torch.Tensor) -> torch.Tensor:
+    """One node of the graph's (torch.fx.wrap), two calls of eager's."""
+    return x * 2 + 1
+
+
+torch.fx.wrap("shifted")
+
+
+class WithWrapped(Mixed):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return shifted(super().forward(x))
 
 
 def _unmatched(monkeypatch) -> None:  # noqa: ANN001
@@ -133,13 +147,27 @@ def test_a_call_the_graph_does_not_have_next_takes_the_replay(monkeypatch) -> No
 
     monkeypatch.setattr(eagergraph.EagerGraphNodes, "finish", kept)
     x = torch.randn(2, 4, 7)
-    model = WithConstant()
+    model = WithWrapped()
     ctx = _report(model, x)
     assert not watched[0].matched
-    assert watched[0].unmet == "tensor called where the graph has mul next"
+    assert watched[0].unmet == "mul called where the graph has shifted next"
     assert model.head_calls == 2  # the replay ran
     assert all(n.grad_norm is not None for n in ctx.report.nodes if n.op == "call_module")
     assert ctx.results.numerics_observed is not None and not ctx.report.meta.warnings
+
+
+def test_a_constant_made_at_each_forward_is_the_graphs_attribute(monkeypatch) -> None:
+    x = torch.randn(2, 4, 7)
+    model = WithConstant()
+    ctx = _report(model, x)
+    assert model.head_calls == 1  # met: no replay
+    met = {n.name: n.grad_norm for n in ctx.report.nodes}
+    stats = _stats(ctx)
+    _unmatched(monkeypatch)
+    replayed = _report(WithConstant(), x)
+    assert met == pytest.approx({n.name: n.grad_norm for n in replayed.report.nodes})
+    assert stats.keys() == _stats(replayed).keys()
+    assert met["mul"] is not None  # the node the constant multiplies into
 
 
 def test_a_no_grad_block_takes_the_replay_and_its_verdicts() -> None:

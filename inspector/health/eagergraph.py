@@ -95,15 +95,23 @@ class EagerGraphNodes:
             fits = lambda n: n.op == "call_module" and self._module(n) is module  # noqa: E731
             self._met(fits, output, type(module).__name__)
 
-    def called(self, func: Any, output: Any) -> None:
+    def called(self, func: Any, args: Any, output: Any) -> None:
         """A torch function or tensor method called outside every leaf module. One that
         makes no tensor (`x.shape`, `x.dim()`, our hooks' reads) is no node's: the graph's
-        nodes that make none are computed here."""
+        nodes that make none are computed here. One that makes a tensor out of Python
+        values alone (`torch.tensor(3.0)`) may be a constant of the graph's, where it is
+        not its next node."""
         if self.unmet is None and not self._depth and _makes_tensors(output):
             fits = lambda n: _same_call(n, func) and self._shaped(n, output)  # noqa: E731
-            self._met(fits, output, _called_name(func))
+            self._met(fits, output, _called_name(func), constant=not _makes_tensors(args))
 
-    def _met(self, fits: Callable[[torch.fx.Node], bool], value: Any, what: str) -> None:
+    def _met(
+        self,
+        fits: Callable[[torch.fx.Node], bool],
+        value: Any,
+        what: str,
+        constant: bool = False,
+    ) -> None:
         if self.unmet is not None:
             return
         if not torch.is_grad_enabled():  # a no_grad block, or an autograd.Function's
@@ -118,6 +126,8 @@ class EagerGraphNodes:
                 if self.unmet is not None:
                     return
                 if self._next >= len(self._nodes) or not fits(self._nodes[self._next]):
+                    if constant:  # fx made it once, at the trace: an attribute of the graph's
+                        return
                     expected = (
                         self._nodes[self._next].name if self._next < len(self._nodes) else "its end"
                     )
@@ -238,13 +248,14 @@ def _reads_attributes(node: torch.fx.Node) -> bool:
     return getattr(node.target, "__module__", "") == "torch" and name in _ATTRIBUTES
 
 
-def _makes_tensors(output: Any) -> bool:
-    if isinstance(output, torch.Tensor):
+def _makes_tensors(value: Any) -> bool:
+    """Whether `value` is a tensor or holds one (in tuples, lists and dicts)."""
+    if isinstance(value, torch.Tensor):
         return True
-    if not isinstance(output, (tuple, list)):
+    if not isinstance(value, (tuple, list, dict)):
         return False
     with torch._C.DisableTorchFunction():
-        return any(True for _ in flat_tensors(output))
+        return any(True for _ in flat_tensors(value))
 
 
 def _attribute(gm: torch.fx.GraphModule, target: str) -> Any:
@@ -291,6 +302,7 @@ class _Calls(TorchFunctionMode):
         self.nodes = nodes
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        out = func(*args, **(kwargs or {}))
-        self.nodes.called(func, out)
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.nodes.called(func, (args, kwargs), out)
         return out

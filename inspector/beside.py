@@ -202,8 +202,10 @@ def collect(ctx: Any, started: Started, beside: Beside) -> int | None:
     """Wait for the pass's result and apply it; raise what it raised. Returns None, or
     the wait status of a pass process that crashed."""
     with os.fdopen(started.read_fd, "rb") as f:
-        if not started.taken_over:  # else its result is here already: no lane to wait for
-            f.read()  # nothing comes: the end of file says the lane is past this pass
+        # nothing comes: the end of file says the lane is past this pass. For one the line
+        # took over, it found the claim and left the pass: only then may the claim go (a
+        # lane slow to come to it began it again once the claim was gone)
+        f.read()
     if not os.path.exists(started.result_path) and _claim(started.path):
         # its lane was killed (out of memory) before it began this pass: run it here, in
         # its place, as in order

@@ -299,24 +299,41 @@ def test_the_lanes_start_once_the_graph_is_known(
     assert _comparable(reports["no bounds"]) == _comparable(reports[False])
 
 
+@pytest.mark.parametrize("lane_late", [False, True])
 def test_the_line_takes_over_the_passes_no_lane_has_begun(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, lane_late: bool
 ) -> None:
     """One lane (real runs the dear ones, as the rule is told here) runs the export
     checks, slowed by 2 s, then the measured step and the compile check. The line reaches
     the export checks long before their lane is done, and runs the two queued behind in
-    its own slot instead of waiting: each pass once, the report as in one process."""
+    its own slot instead of waiting: each pass once, the report as in one process.
+    `lane_late`: the lane comes to the measured step's claim 0.5 s after the export
+    checks, when the line has collected what it ran, and is still alive (its findings take
+    1.5 s): on a busy machine, it ran the measured step and the compile check again."""
+    import inspector.analyze as analyze
     import inspector.beside as beside
     import inspector.passes.export as export
+    import inspector.passes.findings as findings
 
     if not _two_cores():
         pytest.skip("no spare core: nothing runs beside the line")
     runs, run_lane, run_claimed = tmp_path / "runs", beside._run_lane, beside._run_claimed
+    claim, in_lane = beside._claim, []
 
     def lane(ctx, queued, write_fds, paths):  # noqa: ANN001, ANN202
+        in_lane.append(True)  # in the lane's process only
         with open(runs, "a") as f:
             f.write(f"lane {os.getpid()}\n")
         return run_lane(ctx, queued, write_fds, paths)
+
+    def late_claim(path: str) -> bool:
+        if lane_late and in_lane and path.endswith(".measure"):
+            time.sleep(0.5)
+        return claim(path)
+
+    def slow_findings(ctx) -> None:  # noqa: ANN001
+        time.sleep(1.5)
+        findings.run(ctx)
 
     def claimed(ctx, compute, path, lane_fds):  # noqa: ANN001, ANN202
         with open(runs, "a") as f:
@@ -329,6 +346,7 @@ def test_the_line_takes_over_the_passes_no_lane_has_begun(
 
     monkeypatch.setattr(beside, "_run_lane", lane)
     monkeypatch.setattr(beside, "_run_claimed", claimed)
+    monkeypatch.setattr(beside, "_claim", late_claim)
     monkeypatch.setattr(beside, "fake_step_is_cheaper", lambda ctx: True)
     monkeypatch.setattr(beside, "_spare_cores", lambda: 1)
     passes = {"graph", "memory", "gradients", "modes", "export", "compile", "findings"}
@@ -337,6 +355,9 @@ def test_the_line_takes_over_the_passes_no_lane_has_begun(
     try:
         one = inspect_model(MLP, None, Options(passes=passes, isolate=False))
         _replace_beside(monkeypatch, "export", slow_export)
+        if lane_late:
+            slowed = [(n, slow_findings if n == "findings" else r) for n, r in analyze.PASSES]
+            monkeypatch.setattr(analyze, "PASSES", slowed)
         forked = inspect_model(MLP, None, Options(passes=passes, isolate=True))
     finally:
         torch.set_num_threads(threads)

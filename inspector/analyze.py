@@ -156,7 +156,12 @@ def _load(
         recorder = EvalRecorder(inputs) if records_eval(options) else None
         # and the measured step's inference forward (inspector/memory/inference.py)
         recording = InferenceRecording(inputs) if records_inference(options) else None
-        output: list[Any] = []
+        output: list[Any] = []  # the check's, where the recording reads it
+        takers = (
+            recorder.finish if recorder else None,
+            keeper,
+            output.append if recording else None,
+        )
         start = time.perf_counter()
         with _collector_paused():
             limit = check_inputs_fit(
@@ -164,7 +169,7 @@ def _load(
                 inputs,
                 loaded.user_files,
                 seed=options.seed if keeper or recorder else None,
-                keep=_keeping(recorder.finish if recorder else None, keeper, output.append),
+                keep=_keeping(*takers),
                 watch=recorder.watching(loaded.model) if recorder else None,
                 around_forward=recording.recorded() if recording else None,
             )

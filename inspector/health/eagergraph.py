@@ -17,6 +17,7 @@ node the watching stops (`matched` False) and the replay runs, as before.
 from __future__ import annotations
 
 import builtins
+import operator
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -28,6 +29,7 @@ from inspector.context import Context
 from inspector.health import nodegrads
 from inspector.health.nodegrads import NodeGrads, Observer, recording_grads
 from inspector.health.outputs import flat_tensors
+from inspector.health.recorder import op_name
 from inspector.health.values import NodeRef, graph_feed, kind_of
 
 __all__ = ["EagerGraphNodes"]
@@ -103,7 +105,7 @@ class EagerGraphNodes:
         not its next node."""
         if self.unmet is None and not self._depth and _makes_tensors(output):
             fits = lambda n: _same_call(n, func) and self._shaped(n, output)  # noqa: E731
-            self._met(fits, output, _called_name(func), constant=not _makes_tensors(args))
+            self._met(fits, output, op_name(func), constant=not _makes_tensors(args))
 
     def _met(
         self,
@@ -147,7 +149,7 @@ class EagerGraphNodes:
                     self._stop(f"no value for the graph's input {node.name}")
                     return
             elif node.op == "get_attr":
-                value = _attribute(self._gm, node.target)
+                value = operator.attrgetter(node.target)(self._gm)
             elif _reads_attributes(node):  # no tensor: read off its input's value here
                 value = self._evaluated(node)
             elif self._on_python_values(node):  # a tensor out of a tuple, say
@@ -258,20 +260,13 @@ def _makes_tensors(value: Any) -> bool:
         return any(True for _ in flat_tensors(value))
 
 
-def _attribute(gm: torch.fx.GraphModule, target: str) -> Any:
-    owner = gm
-    for part in target.split("."):
-        owner = getattr(owner, part)
-    return owner
-
-
 def _same_call(node: torch.fx.Node, func: Any) -> bool:
     """Whether a call of `func` is what `node` records: the same function, or a method or
     operator of the same name (`x + y`: `operator.add` in the graph, `Tensor.__add__` or
     `__radd__` called)."""
     if node.op not in ("call_function", "call_method"):
         return False
-    got = _called_name(func)
+    got = op_name(func)
     if node.op == "call_function" and node.target is builtins.getattr:
         return len(node.args) > 1 and got == node.args[1]  # `x.shape`: the property's name
     want = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
@@ -287,13 +282,6 @@ _OPERATOR_OPS = {
     "iadd": "add", "isub": "sub", "imul": "mul", "ipow": "pow", "imatmul": "matmul",
     "iand": "and", "ior": "or", "ixor": "xor",
 }  # fmt: skip
-
-
-def _called_name(func: Any) -> str:
-    owner = getattr(func, "__self__", None)
-    if getattr(func, "__name__", "") == "__get__" and owner is not None:
-        return getattr(owner, "__name__", "")  # a property such as `.shape`
-    return getattr(func, "__name__", "")
 
 
 class _Calls(TorchFunctionMode):

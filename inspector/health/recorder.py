@@ -15,7 +15,7 @@ from torch.overrides import TorchFunctionMode
 from inspector.health.locate import user_location
 from inspector.health.outputs import flat_tensors
 
-__all__ = ["CutPoint", "InplaceOp", "ForwardRecorder", "recording"]
+__all__ = ["CutPoint", "InplaceOp", "ForwardRecorder", "recording", "op_name"]
 
 _MAX_EVENTS = 200  # a model cutting its graph everywhere needs no more to be diagnosed
 
@@ -59,7 +59,8 @@ _SHAPE_ONLY = {
 }  # fmt: skip
 
 
-def _op_name(func: Any) -> str:
+def op_name(func: Any) -> str:
+    """A torch function's or tensor method's name; a property's (`.shape`) for its getter."""
     owner = getattr(func, "__self__", None)
     if getattr(func, "__name__", "") == "__get__" and owner is not None:
         return getattr(owner, "__name__", "attribute")  # a property such as `.data`
@@ -90,7 +91,7 @@ class ForwardRecorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
-        name = _op_name(func)
+        name = op_name(func)
         inputs = [t for _, t in flat_tensors((args, kwargs)) if t.requires_grad]
         target = args[0] if args and isinstance(args[0], torch.Tensor) else None
         before = target.grad_fn if target is not None and _is_inplace(name) else None

@@ -14,7 +14,7 @@ import torch
 
 from inspector.nativenoise import native_noise_filtered
 
-__all__ = ["Recorded", "allocations_recorded", "read_events", "WINDOW_PREFIX"]
+__all__ = ["Recorded", "allocations_recorded", "read_events", "storage_of", "WINDOW_PREFIX"]
 
 WINDOW_PREFIX = "inspector."  # `record_function` names of the windows read back
 
@@ -45,6 +45,15 @@ def read_events(roots: list[Any]) -> Recorded:
             recorded.windows[name] = (event.start_time_ns, event.end_time_ns)
     recorded.events.sort()
     return recorded
+
+
+def storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
+    """The storage whose address the events name; None for a tensor without one storage
+    (sparse, a wrapper subclass)."""
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
 
 
 @contextmanager

@@ -26,7 +26,7 @@ import torch
 
 from inspector.context import Inputs
 from inspector.health.outputs import flat_tensors
-from inspector.memory.allocations import allocations_recorded, read_events
+from inspector.memory.allocations import allocations_recorded, read_events, storage_of
 
 __all__ = ["RecordedInference", "InferenceRecording"]
 
@@ -89,10 +89,4 @@ def _tensors(output: Any) -> list[torch.Tensor]:
 
 
 def _addresses(tensors: Iterable[torch.Tensor]) -> set[int]:
-    found = set()
-    for t in tensors:
-        try:
-            found.add(t.untyped_storage().data_ptr())
-        except (RuntimeError, NotImplementedError, TypeError):  # no single storage
-            continue
-    return found
+    return {s.data_ptr() for t in tensors if (s := storage_of(t)) is not None}

@@ -31,7 +31,12 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from inspector.context import Inputs
-from inspector.memory.allocations import WINDOW_PREFIX, allocations_recorded, read_events
+from inspector.memory.allocations import (
+    WINDOW_PREFIX,
+    allocations_recorded,
+    read_events,
+    storage_of,
+)
 from inspector.memory.loss import compute_loss
 from inspector.memory.optimizer import make_optimizer
 from inspector.memory.shadow import clone_inputs, real_shadow
@@ -147,7 +152,7 @@ class _SavedInputs:
 
     def __init__(self, batch: Inputs, opts: StepOptions) -> None:
         leaves = tree_leaves((batch.args, batch.kwargs))
-        storages = [_storage(t) for t in leaves if isinstance(t, torch.Tensor)]
+        storages = [storage_of(t) for t in leaves if isinstance(t, torch.Tensor)]
         self._sizes = {s.data_ptr(): _round(s.nbytes(), opts) for s in storages if s is not None}
         self._saved: set[int] = set()
 
@@ -159,7 +164,7 @@ class _SavedInputs:
         return torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        storage = _storage(t)
+        storage = storage_of(t)
         if storage is not None and storage.data_ptr() in self._sizes:
             self._saved.add(storage.data_ptr())
         return t
@@ -167,14 +172,6 @@ class _SavedInputs:
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:
     return t
-
-
-def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
-    """None for a tensor without one storage (sparse, a wrapper subclass)."""
-    try:
-        return t.untyped_storage()
-    except (RuntimeError, NotImplementedError, TypeError):
-        return None
 
 
 class _Meter:

@@ -17,8 +17,9 @@ recording began, against the measured step's in the same run:
 
 `--mean-loss` forms the memory step's own loss (the sum of the outputs' means) in place
 of the gradients pass's random-direction loss, outside the windows. The differences that
-remain are what a merged step must account for: the output the gradients pass holds
-through its backward, and the optimizer's phase (a model whose peak is its optimizer
+remain are what a merged step must account for: the output's storage, which the
+gradients pass holds through its backward (its own reference, and the modes recorder's
+detached alias of it), and the optimizer's phase (a model whose peak is its optimizer
 step: the merged figure is lower by that step's temporaries).
 
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python bench/merged_step.py

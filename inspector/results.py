@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # these modules import inspector.context, which imports this 
     from inspector.memory.analysis import Analysis
     from inspector.memory.inference import RecordedInference
     from inspector.memory.measure import Measurement
+    from inspector.memory.merged import StepFigures
     from inspector.passes.modes import EvalRecorder, TrainRecorder
     from inspector.passes.numerics import NumericsResult
 
@@ -49,6 +50,9 @@ class PassResults:
     # passes/memory.py: the step with every block checkpointed (fake runs with 2+ blocks)
     memory_checkpointed: Checked | None = None
     memory_measured: Measurement | None = None  # passes/measure.py, real runs only
+    # passes/gradients.py: its forward and backward recorded as the measured step's
+    # (inspector/memory/merged.py), or the separate step it ran (or why it could not)
+    step_recorded: StepFigures | Measurement | str | None = None
     # analyze.py: seconds of the inputs-fit check's forward (real runs: eval, no grad)
     real_forward_seconds: float | None = None
     # analyze.py: the measured step's inference forward, recorded on the same check

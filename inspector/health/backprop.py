@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -21,8 +21,12 @@ from inspector.health.recorder import CutPoint, ForwardRecorder, InplaceOp, reco
 from inspector.health.scalefree import feeding_normalisation
 from inspector.health.state import seeded
 from inspector.health.stats import float64_norm, nonzero_and_norm
+from inspector.memory.allocations import ours
 from inspector.tracebacks import INTERNAL_NOTE, inspector_fault
 from inspector.tracebacks import user_location as exc_location
+
+if TYPE_CHECKING:
+    from inspector.memory.merged import StepRecording
 
 __all__ = [
     "GradStats", "BackwardRun", "InplaceError", "ForwardWatch", "OwnBackward", "backward_once",
@@ -98,11 +102,25 @@ def backward_once(
     ctx: Context,
     watch: ForwardWatch | None = None,
     backward: Callable[[], OwnBackward | None] | None = None,
+    step: StepRecording | None = None,
 ) -> BackwardRun:
     """The eager forward under the recorders, the loss, and the backward: the eager one,
     or the one `backward()` gives once the forward has run, where it runs (one forward
     and backward fewer for the report). Where it does not, the eager forward and
-    backward run again: their error is the answer."""
+    backward run again: their error is the answer. `step`: the forward and backward
+    recorded as the measured training step's (inspector/memory/merged.py)."""
+    if step is None:
+        return _backward_once(ctx, watch, backward, None)
+    with step.session():
+        return _backward_once(ctx, watch, backward, step)
+
+
+def _backward_once(
+    ctx: Context,
+    watch: ForwardWatch | None,
+    backward: Callable[[], OwnBackward | None] | None,
+    step: StepRecording | None,
+) -> BackwardRun:
     run = BackwardRun()
     model = ctx.model
     for param in model.parameters():
@@ -114,6 +132,8 @@ def backward_once(
             feeding_normalisation(model) as fed,
             watch.watching(ctx) if watch is not None else nullcontext(),
         ):
+            if step is not None:
+                step.begin()
             output = ctx.inputs.call(model)
     except Exception as exc:  # noqa: BLE001 - the user's forward; reported, not raised
         run.internal = inspector_fault(exc)
@@ -121,14 +141,16 @@ def backward_once(
         run.error = f"forward failed{_at(ctx, exc)}: {type(exc).__name__}: {exc}{note}"
         return run
     if watch is not None:
-        watch.finish(output)
+        with ours():
+            watch.finish(output)
     run.called, run.cuts, run.inplace = list(rec.called), rec.cuts, rec.inplace
     run.used = list(rec.used)
     run.scale_free = fed.layers()
     if any(p.requires_grad for p in model.parameters()):
         run.outputs_without_grad = [k for k, t in float_outputs(output) if not t.requires_grad]
-    try:
-        with _in_loss(rec, ctx.loaded.loss_fn is not None):
+    user_loss = ctx.loaded.loss_fn is not None
+    try:  # the default loss is ours: a recorded step counts the one it would form
+        with _in_loss(rec, user_loss), nullcontext() if user_loss else ours():
             loss, run.loss = make_loss(output, ctx.inputs, ctx.loaded.loss_fn)
     except Exception as exc:  # noqa: BLE001 - the user's loss_fn
         run.error = f"loss_fn(output, inputs) failed{_at(ctx, exc)}: {type(exc).__name__}: {exc}"
@@ -142,12 +164,19 @@ def backward_once(
         by = f": the path is cut by {cut.describe()}" if cut else ""
         run.error = f"the loss does not require grad: no parameter gradient reaches it{by}"
         return run
+    if step is not None:
+        _refused_loss(step, output, run.loss, user_loss)
+    formed = None if user_loss else loss_outputs(output)
+    del output  # as a training step drops it once its loss is formed
+    if step is not None:  # the default loss, ours, stands for the step's: a float32 scalar
+        step.loss_formed(0 if user_loss else torch.finfo(torch.float32).bits // 8)
     run.loss_value = float(loss.detach())
     own = backward() if backward is not None else None
     if own is not None:
+        if step is not None:
+            step.refuse("the per-node replay's backward ran")
         graph = autograd_graph(loss)
-        formed = None if ctx.loaded.loss_fn is not None else loss_outputs(output)
-        del loss, output  # the eager graph goes before the other forward
+        del loss  # the eager graph goes before the other forward
         if own(run.loss_value, graph, formed):
             run.backward_ran = True
             run.grads = _grad_stats(model)
@@ -156,13 +185,31 @@ def backward_once(
             param.grad = None
         return backward_once(ctx)
     try:
-        loss.backward()
+        with step.backward() if step is not None else nullcontext():
+            loss.backward()
         run.backward_ran = True
     except RuntimeError as exc:
         run.internal = inspector_fault(exc)
         run.error = _backward_error(ctx, exc, run)
+        if step is not None:
+            step.refuse("the backward failed")
+    if step is not None:
+        step.finish(loss if user_loss else None)
     run.grads = _grad_stats(model)
     return run
+
+
+def _refused_loss(step: StepRecording, output: Any, formed: str, user_loss: bool) -> None:
+    """Where the loss (`formed`: how) is not the measured step's, say so: the step refuses
+    a loss_fn's non-scalar loss, and its default loss, the outputs' means, allocates by
+    their dtype."""
+    if user_loss:
+        if formed != "loss_fn(output, inputs)":
+            step.refuse("the loss_fn's loss is not a scalar")
+        return
+    dtypes = {t.dtype for _, t in float_outputs(output) if t.numel() and t.requires_grad}
+    if dtypes != {torch.float32}:
+        step.refuse("an output the loss is formed from is not float32")
 
 
 def _grad_stats(model: torch.nn.Module) -> dict[str, GradStats]:

@@ -13,6 +13,7 @@ from torch.nn.modules.dropout import _DropoutNd
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from inspector.health.slices import SLICE
+from inspector.memory.allocations import ours
 
 __all__ = [
     "mode_dependent", "reads_training", "BatchNormInput", "batchnorm_probe", "channel_variance",
@@ -103,7 +104,8 @@ def batchnorm_probe(model: nn.Module, seen: dict[str, BatchNormInput]) -> list:
             values = x.numel() // max(x.shape[1], 1)
             found = BatchNormInput(path, type(module).__name__, list(x.shape), values)
             # unseen by a function mode watching the forward (the gradients pass's recorder)
-            with torch._C.DisableTorchFunction():
+            # and left out of a recorded step (inspector/memory/merged.py)
+            with torch._C.DisableTorchFunction(), ours():
                 _running_stats(module, x, found)
             seen[path] = found
 

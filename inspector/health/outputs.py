@@ -68,7 +68,7 @@ def make_loss(
             )
         return loss.reshape(()), "loss_fn(output, inputs)"
     outputs = [t for _, t in float_outputs(output) if t.numel()]
-    terms = [(t.real.float() * _direction(t, i)).mean() for i, t in enumerate(outputs)]
+    terms = [_term(t, _direction(t, i)) for i, t in enumerate(outputs)]
     if not terms:
         return None, "no floating output to form a loss from; pass loss_fn(output, inputs)"
     return torch.stack(terms).sum(), DEFAULT_LOSS
@@ -88,6 +88,31 @@ def directions_kept() -> Iterator[None]:
 
 
 _kept: dict[tuple, torch.Tensor] | None = None
+
+
+def _term(t: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+    """mean(t * direction) of one output, differentiable in t."""
+    if t.dtype == torch.float32:
+        return _DirectedMean.apply(t, direction)
+    return (t.real.float() * direction).mean()
+
+
+class _DirectedMean(torch.autograd.Function):
+    """mean(t * r) for a float32 t, whose backward makes one tensor of t's size, the
+    gradient r / numel times the incoming one, as `t.mean()`'s backward does: the
+    measured training step forms its loss from the outputs' means, and the gradients
+    pass's forward and backward stand for that step (inspector/memory/merged.py). The
+    product (mean's and mul's backward) made a second, and the same values."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, r: torch.Tensor) -> torch.Tensor:  # noqa: ANN401
+        ctx.save_for_backward(r)
+        return (t * r).mean()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: ANN401
+        (r,) = ctx.saved_tensors
+        return r * (grad / r.numel()), None
 
 
 def _direction(t: torch.Tensor, index: int) -> torch.Tensor:

@@ -6,7 +6,7 @@ ground truth of the measured step (measure.py) and of the load's inference forwa
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,9 +14,15 @@ import torch
 
 from inspector.nativenoise import native_noise_filtered
 
-__all__ = ["Recorded", "allocations_recorded", "read_events", "storage_of", "WINDOW_PREFIX"]
+__all__ = [
+    "Recorded", "allocations_recorded", "read_events", "storage_of", "WINDOW_PREFIX", "ours",
+    "leaving_ours_out", "ours_left_out",
+]  # fmt: skip
 
 WINDOW_PREFIX = "inspector."  # `record_function` names of the windows read back
+OURS = WINDOW_PREFIX + "ours"  # the inspector's own work inside a recorded step
+
+_leaving_out = False  # a recording leaves the inspector's own allocations out (`ours`)
 
 
 @dataclass
@@ -26,6 +32,7 @@ class Recorded:
 
     events: list[tuple[int, int, int]] = field(default_factory=list)
     windows: dict[str, tuple[int, int]] = field(default_factory=dict)
+    ours: list[tuple[int, int]] = field(default_factory=list)  # `ours` windows, in order
 
 
 def read_events(roots: list[Any]) -> Recorded:
@@ -40,11 +47,44 @@ def read_events(roots: list[Any]) -> Recorded:
         if event.tag == _EventType.Allocation:
             fields = event.extra_fields
             recorded.events.append((event.start_time_ns, fields.alloc_size, fields.ptr))
+        elif event.name == OURS:
+            recorded.ours.append((event.start_time_ns, event.end_time_ns))
         elif event.name.startswith(WINDOW_PREFIX):
             name = event.name[len(WINDOW_PREFIX) :]
             recorded.windows[name] = (event.start_time_ns, event.end_time_ns)
     recorded.events.sort()
+    recorded.ours.sort()
     return recorded
+
+
+def ours() -> Any:
+    """A window around the inspector's own work (statistics, copies, comparisons) inside a
+    step whose allocations are recorded (`leaving_ours_out`): what it allocates, and frees,
+    is left out of the step's. Nothing while no such recording runs."""
+    return _our_window() if _leaving_out else nullcontext()
+
+
+@contextmanager
+def _our_window() -> Iterator[None]:
+    # unseen by a function mode watching the user's ops (the gradients pass's recorders)
+    with torch._C.DisableTorchFunction(), torch.profiler.record_function(OURS):
+        yield
+
+
+def leaving_ours_out() -> bool:
+    """Whether a recording now leaves the inspector's own work out (`ours`)."""
+    return _leaving_out
+
+
+@contextmanager
+def ours_left_out() -> Iterator[None]:
+    """Within the block, `ours` opens its windows."""
+    global _leaving_out
+    before, _leaving_out = _leaving_out, True
+    try:
+        yield
+    finally:
+        _leaving_out = before
 
 
 def storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:

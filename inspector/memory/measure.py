@@ -42,7 +42,10 @@ from inspector.memory.optimizer import make_optimizer
 from inspector.memory.shadow import clone_inputs, real_shadow
 from inspector.memory.step import StepOptions, unique_tensors, warm_up
 
-__all__ = ["Measurement", "measure", "relative_error"]
+__all__ = [
+    "Measurement", "measure", "relative_error", "OptimizerPhase", "measure_optimizer_phase",
+    "SavedInputs",
+]  # fmt: skip
 
 
 @dataclass
@@ -106,6 +109,67 @@ def _measure(
     )
 
 
+@dataclass
+class OptimizerPhase:
+    """What a forward and backward do not show of the measured step (inspector/memory/
+    merged.py): live bytes, from the start, once the copy of the weights, buffers and
+    inputs is made (`setup`), with the optimizer's state (`resident`), once `train()` is
+    called (`training`), with a zero gradient for every trainable parameter
+    (`with_grads`), and the peak of one `step()` over them; and the inference forward's
+    peak."""
+
+    setup_bytes: int
+    resident_bytes: int
+    training_bytes: int  # as the training forward starts: after `train()`
+    with_grads_bytes: int
+    step_peak_bytes: int
+    forward_peak_bytes: int
+    seconds: float  # the optimizer's step
+
+
+def measure_optimizer_phase(
+    model: nn.Module, inputs: Inputs, opts: StepOptions, inference: int | None = None
+) -> OptimizerPhase:
+    """The measured step's set-up, inference forward (unless recorded at load:
+    `inference`) and optimizer step, without its training forward and backward; on the
+    CPU. The optimizer's step allocates by the gradients' shapes, not their values."""
+    with torch.random.fork_rng(devices=[]):
+        meter = _ProfilerMeter()
+        with meter.recording():
+            with meter.window("setup"):
+                shadow = real_shadow(model)
+                batch = clone_inputs(inputs)
+            if inference is None:
+                with meter.window("forward"):
+                    _inference(shadow, batch, opts)
+            trainable = [p for p in unique_tensors(shadow.parameters()) if p.requires_grad]
+            with meter.window("state"):
+                optimizer = make_optimizer(opts.optimizer, trainable)
+                warm_up(optimizer, trainable, shorten=False, values=False)
+            with meter.window("train"):  # as the step begins: train() may let go of what
+                shadow.train()  # eval() kept (LeViT's attention biases)
+            with meter.window("grads"):
+                for p in trainable:
+                    p.grad = torch.zeros_like(p)
+            start = time.perf_counter()
+            with meter.window("step"):
+                if optimizer is not None:
+                    optimizer.step()
+            seconds = time.perf_counter() - start
+            for p in trainable:
+                p.grad = None
+    setup = meter.held("setup")
+    return OptimizerPhase(
+        setup_bytes=setup,
+        resident_bytes=meter.held("state"),
+        training_bytes=meter.held("train"),
+        with_grads_bytes=meter.held("grads"),
+        step_peak_bytes=meter.peak("step"),
+        forward_peak_bytes=meter.peak("forward") if inference is None else setup + inference,
+        seconds=seconds,
+    )
+
+
 def _autocast(opts: StepOptions):  # noqa: ANN202
     if opts.autocast is None:
         return nullcontext()
@@ -134,7 +198,7 @@ def _train_step(
     """The step; returns what the "saved" window's net leaves out: the inputs' storages
     autograd saved, less the loss."""
     model.train()
-    inputs = _SavedInputs(batch, opts)
+    inputs = SavedInputs(batch, opts)
     with meter.mark("saved"), inputs.watched(), _autocast(opts):
         loss = compute_loss(opts.loss_fn, batch.call(model), batch)
     kept_apart = inputs.saved_bytes - _round(loss.untyped_storage().nbytes(), opts)
@@ -146,7 +210,7 @@ def _train_step(
     return kept_apart
 
 
-class _SavedInputs:
+class SavedInputs:
     """The input tensors' storages that autograd saves during the block, by a pack hook
     that keeps each saved tensor as it is (nothing copied, nothing allocated)."""
 

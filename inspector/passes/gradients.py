@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from inspector.context import Context
+from inspector.context import Context, Inputs
 from inspector.detection import training_inputs
 from inspector.health.backprop import (
     AutogradGraph,
@@ -33,6 +33,9 @@ from inspector.health.outputs import LossOutput, directions_kept
 from inspector.health.state import preserved
 from inspector.health.thresholds import GRADIENT_KEYS, resolve
 from inspector.health.values import replays_graph
+from inspector.memory import merged
+from inspector.memory.merged import StepRecording
+from inspector.passes import measure as measure_pass
 from inspector.passes.modes import TrainRecorder, shares_train_forward
 from inspector.passes.numerics import Observer
 from inspector.report import Gradients
@@ -62,7 +65,9 @@ def run(ctx: Context) -> None:
         # no graph to replay: the per-node grads are the module calls', of this forward
         along = OnEagerForward(observer) if not fills and not replays_graph(ctx) else None
         watch = _Watches(recorder, along, met)
-        result = backward_once(ctx, watch, lambda: _replayed(replay, met, observer))
+        # the measured training step's forward and backward too, where they are the same
+        step = StepRecording(ctx.inputs) if _measures_step(ctx, inputs) else None
+        result = backward_once(ctx, watch, lambda: _replayed(replay, met, observer), step)
         graded = replay.graded
         # per-node grads of this forward and backward: what recorded them, if anything
         eager = met if met is not None and met.matched else along
@@ -82,9 +87,28 @@ def run(ctx: Context) -> None:
         observer.result.method, observer.result.computed = graded.method, True
         ctx.results.numerics_observed = observer.result
     ctx.results.gradients = result
+    if step is not None:
+        _step_measured(ctx, step, result)
     if result.internal:  # said as the inspector's failure, not as a finding on the model
         ctx.report.meta.warnings.append(f"gradients: {result.error}")
     _fill(ctx, section, result, graded, th)
+
+
+def _measures_step(ctx: Context, inputs: Inputs) -> bool:
+    """Whether this forward and backward stand for the measured step's: planned so before
+    the passes ran (the lane beside then measures the rest), and on the sample inputs."""
+    return ctx.inputs is inputs and ctx.results.memory is not None and merged.planned(ctx)
+
+
+def _step_measured(ctx: Context, step: StepRecording, result: BackwardRun) -> None:
+    """The recorded step's figures for the measure pass, or, where this forward and
+    backward were not the step's, the separate measured step, run here in its place."""
+    if result.backward_ran and not merged.trains_every_parameter(ctx.model, result.grads):
+        step.refuse("a trainable parameter got no gradient")
+    if step.figures is not None and step.refused is None:
+        ctx.results.step_recorded = step.figures
+    else:
+        ctx.results.step_recorded = measure_pass.separate(ctx)
 
 
 class _Replay:

@@ -27,6 +27,7 @@ from inspector.health.values import (
     module_values,
     run_nodes,
 )
+from inspector.memory.allocations import leaving_ours_out, ours
 from inspector.report import Node
 from inspector.tracebacks import INTERNAL_NOTE, inspector_fault, user_location
 
@@ -108,16 +109,19 @@ class TrainRecorder:
                 handle.remove()
 
     def _keep(self, ref: NodeRef, value: Any) -> None:
-        # the copies are ours: unseen by the recorder that watches the user's ops
-        with torch._C.DisableTorchFunction():
+        # the copies are ours: unseen by the recorder that watches the user's ops, and
+        # left out of a recorded step (inspector/memory/merged.py)
+        with torch._C.DisableTorchFunction(), ours():
             if self._against is not None:
                 self._against.compare(self.run, ref, value)
             else:
                 _keep(self.run, ref, value)
 
     def finish(self, output: Any) -> None:
-        with torch._C.DisableTorchFunction():
-            self.run.outputs = [t.detach() for _, t in float_outputs(output)]
+        # a recorded step's output is freed as its loss is formed: a copy is kept then
+        keep = (lambda t: t.detach().clone()) if leaving_ours_out() else torch.Tensor.detach
+        with torch._C.DisableTorchFunction(), ours():
+            self.run.outputs = [keep(t) for _, t in float_outputs(output)]
         self.finished = True
 
 

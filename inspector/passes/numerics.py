@@ -17,6 +17,7 @@ from inspector.health.state import preserved, seeded
 from inspector.health.stats import tensor_stats
 from inspector.health.thresholds import resolve
 from inspector.health.values import NodeRef, run_nodes
+from inspector.memory.allocations import ours
 from inspector.report import NumericStats
 
 __all__ = ["run", "NumericsResult", "FAKE_NOTE", "Observer"]
@@ -80,7 +81,8 @@ class Observer:
         self.min_samples = int(resolve(ctx.options)["dead_min_samples"])
 
     def on_value(self, ref: NodeRef, value: Any) -> None:
-        with torch.no_grad():  # statistics, not part of the graph being differentiated
+        # statistics, not part of the graph being differentiated, nor of a recorded step
+        with torch.no_grad(), ours():
             _observe(self.result, ref, value, self.min_samples)
 
     def reset(self) -> None:

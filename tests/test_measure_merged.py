@@ -179,8 +179,8 @@ def _report(name: str, monkeypatch, merge: bool) -> tuple:  # noqa: ANN001
         refused.append(step.refused)
 
     monkeypatch.setattr(gradients_pass, "_step_measured", spy)
-    if not merge:
-        monkeypatch.setattr(merged, "planned", lambda ctx: False)
+    # these models are small: fake runs are their dear ones, where the merge is not planned
+    monkeypatch.setattr(merged, "_real_runs_dear", lambda ctx: merge)
     spec = CASES.get(name, '{"x": {"shape": [4, 16]}}')
     report = inspect_model(f"{__file__}:{name}", spec, Options(passes=PASSES, isolate=False))
     m = report.memory.measured
@@ -216,16 +216,22 @@ def test_where_the_forward_is_not_the_steps_the_separate_step_runs(name: str, mo
     assert merged_figures == separate_figures
 
 
-def test_a_model_in_eval_mode_is_not_planned(monkeypatch) -> None:
+def test_planned_where_real_runs_are_dear_in_train_mode_on_the_cpu() -> None:
     from inspector.health.adhoc import context_for
 
     model = ResidualNet()
     ctx = context_for(model, (torch.randn(2, 3, 16, 16),))
+    assert not merged.planned(ctx)  # no timings yet: real runs are not known to be dear
+    ctx.results.real_forward_seconds = 0.30  # ResNet-18 at [8, 3, 224, 224]: a real
+    ctx.report.meta.timings_s["graph"] = 0.07  # forward 0.3 s, the graph pass 0.07 s
     assert merged.planned(ctx)
     model.eval()
     assert not merged.planned(ctx)
     model.train()
     ctx.options.dtype = "bf16"  # autocast: the step's bytes are others
+    assert not merged.planned(ctx)
+    ctx.options.dtype = "float32"
+    ctx.report.meta.timings_s["graph"] = 0.5  # fake runs dear: the step's own lane is free
     assert not merged.planned(ctx)
 
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from test_measure_inference import Encoder, Recurrent  # noqa: F401 - loaded by name below
 from torch import nn
 
 from inspector.analyze import inspect_model
@@ -39,28 +40,6 @@ class ResidualNet(nn.Module):
         y = self.relu(self.stem(x))
         y = self.relu(self.block(y) + y)
         return self.head(nn.functional.max_pool2d(y, 2).flatten(1))
-
-
-class Encoder(nn.Module):
-    """Attention, LayerNorm and dropout in train mode: masks drawn from the seed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layer(x)
-
-
-class Recurrent(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lstm = nn.LSTM(16, 24, num_layers=2, batch_first=True)
-        self.out = nn.Linear(24, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        seq, _ = self.lstm(x)
-        return self.out(seq[:, -1])
 
 
 class WideHead(nn.Module):

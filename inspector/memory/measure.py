@@ -81,17 +81,7 @@ def _measure(
 ) -> Measurement:
     meter: _Meter = _CudaMeter() if opts.device == "cuda" else _ProfilerMeter()
     with meter.recording():
-        with meter.window("setup"):
-            shadow = real_shadow(model)
-            batch = clone_inputs(inputs)
-        if inference is None:
-            with meter.window("forward"):
-                _inference(shadow, batch, opts)
-        trainable = [p for p in unique_tensors(shadow.parameters()) if p.requires_grad]
-        optimizer = make_optimizer(opts.optimizer, trainable)
-        # the ground truth: every parameter's state as a real loop's, allocated as its first
-        # step does; the step's values are not wanted (inspector.memory.warmup)
-        warm_up(optimizer, trainable, shorten=False, values=False)
+        shadow, batch, trainable, optimizer = _resident(meter, model, inputs, opts, inference)
         torch.manual_seed(opts.seed)
         start = time.perf_counter()
         with meter.window("step"):
@@ -136,16 +126,7 @@ def measure_optimizer_phase(
     with torch.random.fork_rng(devices=[]):
         meter = _ProfilerMeter()
         with meter.recording():
-            with meter.window("setup"):
-                shadow = real_shadow(model)
-                batch = clone_inputs(inputs)
-            if inference is None:
-                with meter.window("forward"):
-                    _inference(shadow, batch, opts)
-            trainable = [p for p in unique_tensors(shadow.parameters()) if p.requires_grad]
-            with meter.window("state"):
-                optimizer = make_optimizer(opts.optimizer, trainable)
-                warm_up(optimizer, trainable, shorten=False, values=False)
+            shadow, _, trainable, optimizer = _resident(meter, model, inputs, opts, inference)
             with meter.window("train"):  # as the step begins: train() may let go of what
                 shadow.train()  # eval() kept (LeViT's attention biases)
             with meter.window("grads"):
@@ -168,6 +149,27 @@ def measure_optimizer_phase(
         forward_peak_bytes=meter.peak("forward") if inference is None else setup + inference,
         seconds=seconds,
     )
+
+
+def _resident(
+    meter: _Meter, model: nn.Module, inputs: Inputs, opts: StepOptions, inference: int | None
+) -> tuple[nn.Module, Inputs, list[nn.Parameter], torch.optim.Optimizer | None]:
+    """What the step begins on, each part in its window: the copy of the weights, buffers
+    and inputs ("setup"), the inference forward where not recorded at load ("forward"),
+    the optimizer's state ("state")."""
+    with meter.window("setup"):
+        shadow = real_shadow(model)
+        batch = clone_inputs(inputs)
+    if inference is None:
+        with meter.window("forward"):
+            _inference(shadow, batch, opts)
+    trainable = [p for p in unique_tensors(shadow.parameters()) if p.requires_grad]
+    with meter.window("state"):
+        optimizer = make_optimizer(opts.optimizer, trainable)
+        # the ground truth: every parameter's state as a real loop's, allocated as its first
+        # step does; the step's values are not wanted (inspector.memory.warmup)
+        warm_up(optimizer, trainable, shorten=False, values=False)
+    return shadow, batch, trainable, optimizer
 
 
 def _autocast(opts: StepOptions):  # noqa: ANN202

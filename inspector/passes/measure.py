@@ -49,10 +49,14 @@ def records_inference(options: Options) -> bool:
 
 def run(ctx: Context) -> None:
     if wanted(ctx) and ctx.results.memory is not None:
-        # in order, after the gradients pass: its recording, or the step on its own where
-        # there is none (that pass did not run, or its process did not come back)
-        recorded = ctx.results.step_recorded is not None
-        apply(ctx, compute(ctx) if recorded else separate(ctx))
+        # in order, after the gradients pass: the rest of the step its recording stands
+        # for, the step it ran in that one's place, or the step on its own where there is
+        # neither (that pass did not run, or its process did not come back)
+        recorded = ctx.results.step_recorded
+        if isinstance(recorded, StepFigures):
+            apply(ctx, compute(ctx))
+        else:
+            apply(ctx, separate(ctx) if recorded is None else recorded)
 
 
 def needs(ctx: Context) -> int | None:

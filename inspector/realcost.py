@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["fake_step_is_cheaper", "REAL_STEP_FORWARDS"]
+__all__ = ["fake_step_is_cheaper", "real_runs_dear_by_graph", "REAL_STEP_FORWARDS"]
 
 REAL_STEP_FORWARDS = 3  # a training step: the forward, and a backward of about two
 
@@ -34,5 +34,13 @@ def fake_step_is_cheaper(ctx: Any) -> bool:
         return False
     if estimated is not None:
         return estimated.on_fake and estimated.rerun_cost < REAL_STEP_FORWARDS * forward
+    return real_runs_dear_by_graph(ctx)
+
+
+def real_runs_dear_by_graph(ctx: Any) -> bool:
+    """The judgement before the memory pass: three graph passes against three of the
+    load's real forwards. Fixed once the graph pass is done, so every process of a run
+    that asks later gets the same answer (inspector/memory/merged.py)."""
+    forward = ctx.results.real_forward_seconds
     graph = ctx.report.meta.timings_s.get("graph")
-    return graph is not None and graph < forward  # three graph passes against three forwards
+    return forward is not None and graph is not None and graph < forward

@@ -5,7 +5,8 @@ ground truth of the measured step (measure.py) and of the load's inference forwa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import bisect
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,7 @@ from inspector.nativenoise import native_noise_filtered
 
 __all__ = [
     "Recorded", "allocations_recorded", "read_events", "storage_of", "WINDOW_PREFIX", "ours",
-    "leaving_ours_out", "ours_left_out",
+    "leaving_ours_out", "ours_left_out", "lifetimes",
 ]  # fmt: skip
 
 WINDOW_PREFIX = "inspector."  # `record_function` names of the windows read back
@@ -55,6 +56,39 @@ def read_events(roots: list[Any]) -> Recorded:
     recorded.events.sort()
     recorded.ours.sort()
     return recorded
+
+
+def lifetimes(
+    events: list[tuple[int, int, int]], left_out: Sequence[tuple[int, int]] = ()
+) -> list[tuple[int, int]]:
+    """(time_ns, +/- bytes): the allocations, and the frees of what this recording saw
+    allocated. The profiler also reports freeing a block that an earlier recording in the
+    process allocated (a tensor kept from it, collected by the garbage collector during
+    our step): counted, it would lower the step's live bytes by memory the step never had.
+    What was allocated inside a `left_out` window (start_ns, end_ns, in order: `ours`) is
+    left out, and its free with it."""
+    starts = [start for start, _ in left_out]
+
+    def inside(t: int) -> bool:
+        i = bisect.bisect_right(starts, t) - 1
+        return i >= 0 and left_out[i][0] <= t <= left_out[i][1]
+
+    live: set[int] = set()
+    ours: set[int] = set()
+    kept = []
+    for t, size, ptr in events:
+        if size > 0:
+            if starts and inside(t):
+                ours.add(ptr)
+                continue
+            live.add(ptr)
+        elif ptr in live:
+            live.discard(ptr)
+        else:  # ours, or what the recording never saw allocated
+            ours.discard(ptr)
+            continue
+        kept.append((t, size))
+    return kept
 
 
 def ours() -> Any:

@@ -34,6 +34,7 @@ from inspector.context import Inputs
 from inspector.memory.allocations import (
     WINDOW_PREFIX,
     allocations_recorded,
+    lifetimes,
     read_events,
     storage_of,
 )
@@ -280,7 +281,7 @@ class _ProfilerMeter(_Meter):
             yield
         recorded = read_events(roots())
         self.ranges = recorded.windows
-        self.allocs = _recorded_lifetimes(recorded.events)
+        self.allocs = lifetimes(recorded.events)
 
     def window(self, name: str):  # noqa: ANN201
         return torch.profiler.record_function(WINDOW_PREFIX + name)
@@ -307,24 +308,6 @@ class _ProfilerMeter(_Meter):
     def held(self, name: str) -> int:
         before, inside = self._running(name)
         return inside[-1] if inside else before
-
-
-def _recorded_lifetimes(events: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
-    """The allocations, and the frees of what this recording saw allocated. The profiler
-    also reports freeing a block that an earlier recording in the process allocated (a
-    tensor kept from it, collected by the garbage collector during our step): counted, it
-    would lower the step's live bytes by memory the step never had."""
-    live: set[int] = set()
-    kept = []
-    for t, size, ptr in events:
-        if size > 0:
-            live.add(ptr)
-        elif ptr in live:
-            live.discard(ptr)
-        else:
-            continue
-        kept.append((t, size))
-    return kept
 
 
 class _CudaMeter(_Meter):

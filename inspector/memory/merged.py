@@ -24,7 +24,6 @@ gradients pass runs the separate measured step itself (`StepRecording.refused`).
 
 from __future__ import annotations
 
-import bisect
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -38,11 +37,13 @@ from inspector.memory.allocations import (
     WINDOW_PREFIX,
     Recorded,
     allocations_recorded,
+    lifetimes,
     ours_left_out,
     read_events,
 )
 from inspector.memory.measure import Measurement, OptimizerPhase, SavedInputs
 from inspector.memory.step import StepOptions
+from inspector.realcost import real_runs_dear_by_graph
 
 __all__ = ["planned", "StepFigures", "StepRecording", "combine"]
 
@@ -72,15 +73,13 @@ def planned(ctx: Context) -> bool:
 
 def _real_runs_dear(ctx: Context) -> bool:
     """Whether real runs are the dear ones, as the lanes beside judge it when they start
-    (inspector/realcost.py, before the memory pass: three graph passes against three real
-    forwards), so the lane and the line agree. Only then is the merge worth it: the lane
-    is one real step lighter, and the line pays the recording (a tenth of the gradients
-    pass) and, where the forward turns out not to be the step's, the step itself. Where
-    fake runs are dear, the step's own lane costs the line nothing (mobilenet_v3_small,
-    LeViT, EfficientNet-B0 and Swin-T at the zoo's sizes were 0.05-0.9 s slower merged)."""
-    forward = ctx.results.real_forward_seconds
-    graph = ctx.report.meta.timings_s.get("graph")
-    return forward is not None and graph is not None and graph < forward
+    (before the memory pass: inspector/realcost.py), so the lane and the line agree. Only
+    then is the merge worth it: the lane is one real step lighter, and the line pays the
+    recording (a tenth of the gradients pass) and, where the forward turns out not to be
+    the step's, the step itself. Where fake runs are dear, the step's own lane costs the
+    line nothing (mobilenet_v3_small, LeViT, EfficientNet-B0 and Swin-T at the zoo's sizes
+    were 0.05-0.9 s slower merged)."""
+    return real_runs_dear_by_graph(ctx)
 
 
 @dataclass
@@ -167,38 +166,18 @@ class StepRecording:
 
 
 def _figures(recorded: Recorded, loss_bytes: int, kept_loss: int, seconds: float) -> StepFigures:
-    """Walk the allocations in time order, leaving out those made in our windows and
-    their frees (and frees of what the recording never saw allocated); the step's loss,
-    where ours was not counted, is live from its formation on."""
+    """The running sum of what the recording saw allocated outside our windows
+    (`allocations.lifetimes`), up to the backward's end; the step's loss, where ours was
+    not counted, is live from its formation on."""
     loss_at = recorded.windows[_LOSS][0]
     backward_end = recorded.windows[_BACKWARD][1]
-    starts = [start for start, _ in recorded.ours]
-
-    def ours(t: int) -> bool:
-        i = bisect.bisect_right(starts, t) - 1
-        return i >= 0 and recorded.ours[i][0] <= t <= recorded.ours[i][1]
-
-    counted: set[int] = set()
-    left_out: set[int] = set()
     live, peak, saved = 0, 0, None
-    for t, size, ptr in recorded.events:
+    for t, size in lifetimes(recorded.events, recorded.ours):
         if t > backward_end:
             break
         if saved is None and t >= loss_at:
             saved, live = live, live + loss_bytes
             peak = max(peak, live)
-        if size > 0:
-            if ours(t):
-                left_out.add(ptr)
-                continue
-            counted.add(ptr)
-        elif ptr in left_out:
-            left_out.discard(ptr)
-            continue
-        elif ptr in counted:
-            counted.discard(ptr)
-        else:
-            continue
         live += size
         peak = max(peak, live)
     if saved is None:  # nothing allocated from the loss on

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from inspector.health.slices import Slices
+from inspector.health.slices import SLICE, Slices
 from inspector.report import NumericStats
 
 __all__ = [
@@ -68,7 +68,8 @@ def _one_pass(stats: NumericStats, x: torch.Tensor) -> bool:
     for part in slices:
         k = part.numel()
         part_low, part_high = (v.item() for v in torch.aminmax(part))
-        total = slices.wide(part).sum().item()
+        wide = slices.wide(part)  # centred in place below, once the mean is known
+        total = wide.sum().item()
         if not math.isfinite(total) or max(-part_low, part_high) >= MASK_ABS:
             return False
         low, high = min(low, part_low), max(high, part_high)
@@ -78,7 +79,7 @@ def _one_pass(stats: NumericStats, x: torch.Tensor) -> bool:
         if max(-part_low, part_high) > FP16_MAX:  # else no value can overflow: no count
             overflow += _count(magnitude > FP16_MAX)
         part_mean = total / k
-        centred = slices.wide(part).sub_(part_mean)
+        centred = wide.sub_(part_mean)
         delta, n = part_mean - mean, n + k
         mean += delta * k / n
         squares += torch.dot(centred, centred).item() + delta * delta * (n - k) * k / n
@@ -187,9 +188,12 @@ def nonzero_and_norm(t: torch.Tensor, count: bool = True) -> tuple[int, float]:
 
 def _count(mask: torch.Tensor) -> int:
     """True elements of a bool mask: count_nonzero, not `.sum()`, which widens the mask
-    to int64 first (a [4, 512, 3072] mask: 1.2 ms against 27 ms). On a float tensor,
-    count_nonzero itself is slower than making the mask and counting it (a ReLU's
-    [8, 64, 112, 112] output: 34 ms against 8)."""
+    to int64 first (a [4, 512, 3072] mask: 1.2 ms against 27 ms); a slice's bytes summed
+    into an int32, cheaper per call than count_nonzero (a [8, 64, 112, 112] tensor's 49
+    slices: 0.85 ms against 1.47). On a float tensor, count_nonzero itself is slower than
+    making the mask and counting it (a ReLU's [8, 64, 112, 112] output: 34 ms against 8)."""
+    if mask.numel() <= SLICE:
+        return int(mask.view(torch.uint8).sum(dtype=torch.int32))
     return int(torch.count_nonzero(mask))
 
 

@@ -47,8 +47,9 @@ __all__ = [
     "become_child", "raised_outcome",
 ]  # fmt: skip
 
-# (name, run, percent shown when it starts, whether it runs torch on the model: forked)
-SelectedPass = tuple[str, Callable[[Any], None], int, bool]
+# (name, run, percent shown when it starts, whether it runs torch on the model: forked;
+# a callable answers from the state the passes before it left, asked when it is reached)
+SelectedPass = tuple[str, Callable[[Any], None], int, bool | Callable[[Any], bool]]
 Notify = Callable[[str, int], None]
 Timed = Callable[[str], Any]
 Finish = Callable[[Any], None]
@@ -218,7 +219,7 @@ def _hold_line(
             if status is not None:
                 _record_failure(ctx, name, status, started.trace_path, started.seconds or 0.0)
             continue
-        if not forked:  # it cannot crash natively: no fork's cost
+        if not (forked(ctx) if callable(forked) else forked):  # no native crash: no fork
             notify(name, percent)
             with line.timed(name):
                 run(ctx)

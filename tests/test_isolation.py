@@ -597,3 +597,31 @@ def test_the_report_is_taken_without_waiting_for_the_processes_to_exit(
     assert isolation._exiting == []
     with pytest.raises(ChildProcessError):
         os.waitpid(child, os.WNOHANG)  # reaped: no zombie left
+
+
+def test_passes_whose_forward_the_gradients_pass_ran_take_no_fork(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """numerics and modes run the model only where the gradients pass's forward did not
+    record their runs: asked when the line reaches them, they then run in the process
+    that ran the gradients pass (a fork cost the line 16-39 ms each). Without the
+    gradients pass, numerics runs its own forward, in a process of its own."""
+    def in_process(name: str, run: object) -> object:
+        def recorded(ctx: object) -> None:
+            (tmp_path / name).write_text(str(os.getpid()))
+            run(ctx)
+
+        return recorded
+
+    passes = [(n, in_process(n, r)) for n, r in PASSES]
+    monkeypatch.setattr(analyze, "PASSES", passes)
+    wanted = {"graph", "gradients", "numerics", "modes"}
+    report = inspect_model(MLP, None, Options(passes=wanted, isolate=True))
+    pid = {name: (tmp_path / name).read_text() for name in wanted}
+    assert pid["numerics"] == pid["modes"] == pid["gradients"] != pid["graph"]
+    computed = [n.name for n in report.nodes if n.stats is not None]
+    assert report.modes.computed and len(computed) == len(report.nodes) - 1  # not `output`
+
+    alone = inspect_model(MLP, None, Options(passes={"graph", "numerics"}, isolate=True))
+    assert (tmp_path / "numerics").read_text() != (tmp_path / "graph").read_text()
+    assert [n.name for n in alone.nodes if n.stats is not None] == computed

@@ -64,9 +64,11 @@ BESIDE: dict[str, Beside] = {
 _VALUE_PASSES = frozenset({"gradients", "numerics", "modes", "export"})
 
 
-def runs_model(name: str, ctx: Context) -> bool:
+def runs_model(name: str, ctx: Context) -> bool | Callable[[Context], bool]:
     """Whether pass `name` will run torch on the model here, and so could crash the
-    process natively; the others run without a fork (inspector/isolation.py)."""
+    process natively; the others run without a fork (inspector/isolation.py). For the
+    passes the gradients pass may have run already (its forward recorded theirs), what
+    answers once the passes before have run: a fork costs the line 16-39 ms each."""
     if name == "findings":  # rules over the report: Python only
         return False
     if name in _VALUE_PASSES and ctx.options.fake:
@@ -79,4 +81,8 @@ def runs_model(name: str, ctx: Context) -> bool:
         return fitplan.wanted(ctx)
     if name == "measure":
         return measure.wanted(ctx)
+    if name == "numerics":
+        return numerics.runs_model
+    if name == "modes":
+        return modes.runs_model
     return True

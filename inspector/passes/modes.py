@@ -31,7 +31,14 @@ from inspector.memory.allocations import leaving_ours_out, ours
 from inspector.report import Node
 from inspector.tracebacks import INTERNAL_NOTE, inspector_fault, user_location
 
-__all__ = ["run", "FAKE_NOTE", "TrainRecorder", "EvalRecorder", "shares_train_forward"]
+__all__ = [
+    "run",
+    "runs_model",
+    "FAKE_NOTE",
+    "TrainRecorder",
+    "EvalRecorder",
+    "shares_train_forward",
+]
 
 FAKE_NOTE = "not computed: fake tensors carry no values (run without --fake)"
 _MAX_KEPT_BYTES = 1 << 30  # node outputs kept from the train run to compare with eval
@@ -182,6 +189,14 @@ class EvalRecorder:
             result.values.setdefault(name, value)
             result.paths.setdefault(name, path)
         return result
+
+
+def runs_model(ctx: Context) -> bool:
+    """Whether `run` will run the model: not where the load recorded the eval() run
+    without a random draw and the gradients pass recorded the train() one (`run` then
+    compares their copies)."""
+    loaded = _recorded_eval(ctx)
+    return loaded is None or loaded.drew or ctx.results.modes_train is None
 
 
 def records_eval(options: Any) -> bool:

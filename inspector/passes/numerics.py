@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from inspector.context import Context
-from inspector.health.normeps import lost_norm_eps
+from inspector.health.normeps import compute_dtype, lost_norm_eps
 from inspector.health.outputs import flat_tensors
 from inspector.health.state import preserved, seeded
 from inspector.health.stats import tensor_stats
@@ -20,7 +20,7 @@ from inspector.health.values import NodeRef, run_nodes
 from inspector.memory.allocations import ours
 from inspector.report import NumericStats
 
-__all__ = ["run", "NumericsResult", "FAKE_NOTE", "Observer"]
+__all__ = ["run", "runs_model", "NumericsResult", "FAKE_NOTE", "Observer"]
 
 FAKE_NOTE = "numerics: not computed, fake tensors carry no values (run without --fake)"
 
@@ -61,6 +61,14 @@ def run(ctx: Context) -> None:
     for node in ctx.report.nodes:
         node.stats = result.stats.get(node.name, node.stats)
     _check_norm_eps(ctx)
+
+
+def runs_model(ctx: Context) -> bool:
+    """Whether `run` will run the model: not where the gradients pass's forward gave the
+    statistics and the run computes in float32 (the norm-eps check's forward is for low
+    dtypes only)."""
+    observed = ctx.results.numerics_observed
+    return observed is None or not observed.computed or compute_dtype(ctx) is not None
 
 
 def _check_norm_eps(ctx: Context) -> None:

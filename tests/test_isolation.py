@@ -606,6 +606,7 @@ def test_passes_whose_forward_the_gradients_pass_ran_take_no_fork(
     record their runs: asked when the line reaches them, they then run in the process
     that ran the gradients pass (a fork cost the line 16-39 ms each). Without the
     gradients pass, numerics runs its own forward, in a process of its own."""
+
     def in_process(name: str, run: object) -> object:
         def recorded(ctx: object) -> None:
             (tmp_path / name).write_text(str(os.getpid()))

@@ -7,13 +7,14 @@ left, without touching the report; `apply(ctx, result)` puts it in the report an
 results, in order. Run in order, the pass is `apply(ctx, compute(ctx))`: the report is
 the same either way.
 
-Three passes start once the graph pass is done, sized by bounds from its nodes
+Four passes start once the graph pass is done, sized by bounds from its nodes
 (inspector/memory/rough.py), so they run beside the memory pass too, or, where the bounds
 leave no room, once the memory pass is done (its estimate sizes them). The measured real
 step (passes/measure.py) needs nothing else (where the gradients pass's forward and
 backward stand for its own, it measures only the rest: its result is put together with
-theirs in its place on the line); Dynamo's check (passes/dynamo.py) reads only
-the load's and graph's timings, and the export checks (passes/export.py) the capture.
+theirs in its place on the line); Dynamo's check (passes/dynamo.py) and the probe
+(passes/probe.py) read only the load's and graph's timings, and the export checks
+(passes/export.py) the capture.
 Where real runs are the dear ones, they run in one lane per spare core (on 2 cores, one
 lane beside the line's passes): real arithmetic contends for the memory (GPT-2 small at
 [4, 512]: two real forwards at once took 7.9 s each against 7.0 s alone; two ResNet-18

@@ -5,9 +5,8 @@ the real forward the inputs-fit check ran at load.
 Real runs cost their arithmetic, fake runs their Python: a 1,000-layer MLP of width 32
 steps in 1.0 s fake against 0.05 s real; ResNet-18 at batch 8 the other way round
 (0.07 s fake, 0.6 s real). Where real runs are the dearer, Dynamo's check runs on a
-fake copy, and the passes beside the others share one lane per spare core (real
-arithmetic contends for the memory; inspector/beside.py). The probe keeps its own rule
-(passes/probe.py `_fake_is_cheaper`): it runs after the measured step and compares with it.
+fake copy, so does the probe's forward, and the passes beside the others share one lane
+per spare core (real arithmetic contends for the memory; inspector/beside.py).
 """
 
 from __future__ import annotations

@@ -223,18 +223,19 @@ def _two_cores() -> bool:
 def test_passes_beside_give_the_report_in_order(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The measured step, the export checks and the compile pass start once the graph
-    pass is done and run beside memory, gradients and modes (inspector/beside.py): the
-    report equals the in-process one, in which each ran in its place (and the export
-    checks compared with modes' eval run instead of their own). Real runs are taken as
-    the dear ones (not this MLP's), so they share a lane per spare core."""
+    """The measured step, the export checks, the probe and the compile pass start once
+    the graph pass is done and run beside memory, gradients and modes
+    (inspector/beside.py): the report equals the in-process one, in which each ran in its
+    place (and the export checks compared with modes' eval run instead of their own).
+    Real runs are taken as the dear ones (not this MLP's), so they share a lane per spare
+    core."""
     import inspector.beside as beside
 
     marks = _started_beside(monkeypatch, tmp_path)
     monkeypatch.setattr(beside, "fake_step_is_cheaper", lambda ctx: True)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    passes = {"graph", "memory", "gradients", "modes", "export", "compile", "findings"}
+    passes = {"graph", "memory", "gradients", "modes", "export", "probe", "compile", "findings"}
     try:
         one = inspect_model(MLP, None, Options(passes=passes, isolate=False))
         forked = inspect_model(MLP, None, Options(passes=passes, isolate=True))
@@ -242,8 +243,8 @@ def test_passes_beside_give_the_report_in_order(
         torch.set_num_threads(threads)
     if _two_cores():  # in the order they are collected, in a lane for each spare core
         # (real runs the dear ones, as the rule is told here)
-        assert marks.read_text().split() == ["export", "measure", "compile"]
-        assert len(marks.read_text().splitlines()) == min(3, _workers(8) - 1)
+        assert marks.read_text().split() == ["export", "measure", "probe", "compile"]
+        assert len(marks.read_text().splitlines()) == min(4, _workers(8) - 1)
     assert forked.memory.measured is not None
     assert forked.export.targets[0].ok and forked.export.targets[0].checked
     # measured by torch's profiler beside the passes, as the estimate's tracker says
@@ -251,8 +252,58 @@ def test_passes_beside_give_the_report_in_order(
     assert forked.compile.computed and forked.compile.graph_count == 1
     assert _comparable(forked) == _comparable(one)
     # each in its place
-    stages = ["gradients", "modes", "export", "measure", "compile", "findings"]
-    assert list(forked.meta.timings_s)[-6:] == stages
+    stages = ["gradients", "modes", "export", "measure", "probe", "compile", "findings"]
+    assert list(forked.meta.timings_s)[-7:] == stages
+
+
+_PROBED = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        scale = nn.Parameter(torch.ones(8))  # made in forward
+        position = torch.arange(8)  # no device
+        scores = torch.softmax(self.q(x) @ self.k(x).transpose(-1, -2), dim=-1)
+        return (scores @ x) * scale + position
+"""
+
+
+@pytest.mark.parametrize("fake_cheaper", [True, False])
+def test_the_probe_beside_finds_what_it_finds_in_order(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fake_cheaper: bool
+) -> None:
+    """The probe's findings (a parameter made in forward, a tensor made without a device,
+    an attention softmax and its saturation) are the same from its lane as in order, on
+    a fake copy first or on the model itself."""
+    import inspector.beside as beside
+    from inspector.passes import probe
+
+    model = tmp_path / "probed.py"
+    model.write_text(_PROBED)
+    marks = _started_beside(monkeypatch, tmp_path)
+    monkeypatch.setattr(beside, "fake_step_is_cheaper", lambda ctx: True)
+    monkeypatch.setattr(probe, "_fake_is_cheaper", lambda ctx: fake_cheaper)
+    spec = '{"x": {"shape": [2, 5, 8]}}'
+    passes = {"graph", "memory", "probe", "findings"}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = inspect_model(f"{model}:Net", spec, Options(passes=passes, isolate=False))
+        forked = inspect_model(f"{model}:Net", spec, Options(passes=passes, isolate=True))
+    finally:
+        torch.set_num_threads(threads)
+    if _two_cores():
+        assert "probe" in marks.read_text().split()
+    rules = sorted(f.rule for f in forked.findings)
+    for rule in ("param-created-in-forward", "hardcoded-device", "softmax-saturated"):
+        assert rule in rules, rule
+    assert _comparable(forked) == _comparable(one)
 
 
 def test_the_lanes_start_once_the_graph_is_known(
@@ -591,10 +642,10 @@ def test_the_report_is_taken_without_waiting_for_the_processes_to_exit(
     monkeypatch.undo()
     assert report.gradients.computed and report.totals.flops_forward == 34_242_560
     assert held < quick + 1.0, (held, quick)
-    (child,) = isolation._exiting  # not yet exited: reaped by a later run
+    child = isolation._exiting[-1]  # not yet exited: reaped by a later run
     time.sleep(3.5)
     isolation._reap_exited()
-    assert isolation._exiting == []
+    assert child not in isolation._exiting
     with pytest.raises(ChildProcessError):
         os.waitpid(child, os.WNOHANG)  # reaped: no zombie left
 

@@ -58,6 +58,7 @@ BESIDE: dict[str, Beside] = {
     "measure": Beside("memory", measure.compute, measure.apply, measure.needs, "graph"),
     "export": Beside("memory", export.compute, export.apply, export.needs, "graph"),
     "compile": Beside("memory", dynamo.compute, dynamo.apply, dynamo.needs, "graph"),
+    "probe": Beside("memory", probe.compute, probe.apply, probe.needs, "graph"),
 }
 
 # Passes that need values: on fake tensors they only say they were skipped.

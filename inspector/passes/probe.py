@@ -6,9 +6,14 @@ the parameters or modules created while forward runs (health/created.py,
 (health/attention.py, `ctx.results.attention_softmaxes`).
 
 Only the attention softmaxes' saturation needs values: a real model's forward runs on a
-fake copy first where a fake step was cheaper than a real one in the memory pass (the
-time of its Python, not of its arithmetic), and for real when that copy cannot run it
-(`.item()` deciding a branch) or finds an attention softmax."""
+fake copy first where a fake step is cheaper than a real one (inspector/realcost.py: the
+memory pass's fake step against the load's real forward; the time of its Python, not of
+its arithmetic), and for real when that copy cannot run it (`.item()` deciding a branch)
+or finds an attention softmax.
+
+It reads only the model, the inputs and those timings, so it runs beside the passes after
+the memory pass (inspector/beside.py): on ResNet-18's line it was the last pass to run
+the model, a fork and 0.06 s after the gradients pass."""
 
 from __future__ import annotations
 
@@ -19,15 +24,19 @@ from typing import Any
 import torch
 
 from inspector.context import Context, Inputs
-from inspector.health.attention import AttentionRecorder
-from inspector.health.created import creations
-from inspector.health.devices import DeviceRecorder
-from inspector.health.lossops import LossRecorder
+from inspector.health.attention import AttentionRecorder, AttentionSoftmax
+from inspector.health.created import Created, creations
+from inspector.health.devices import DeviceRecorder, FixedDevice
+from inspector.health.lossops import LossCall, LossRecorder
 from inspector.health.state import preserved
 from inspector.memory.loss import DefaultLossRefused, compute_loss
+from inspector.memory.rough import step_bytes
 from inspector.memory.shadow import fake_inputs, fake_shadow, new_fake_mode
+from inspector.realcost import fake_step_is_cheaper
 
-__all__ = ["run"]
+__all__ = ["run", "compute", "apply", "needs", "Found"]
+
+_fake_is_cheaper = fake_step_is_cheaper  # a name of this module's: tests replace it
 
 
 @dataclass
@@ -57,27 +66,51 @@ class _Probe:
                 compute_loss(ctx.loaded.loss_fn, output, inputs)
 
 
+@dataclass
+class Found:
+    """What the probe found, for the rules (picklable: it may come from a lane)."""
+
+    loss_calls: list[LossCall]
+    created: list[Created]
+    fixed_devices: list[FixedDevice]
+    attention_softmaxes: list[AttentionSoftmax]
+
+
 def run(ctx: Context) -> None:
+    apply(ctx, compute(ctx))
+
+
+def compute(ctx: Context) -> Found:
+    """The probe's findings; the report and results untouched."""
     probe = _on_fake_copy(ctx) if ctx.fake_mode is None and _fake_is_cheaper(ctx) else None
     if probe is None:
         probe = _Probe(ctx.loaded.user_files)
         # what ran before a failure is kept; the gradients pass reports the failure
         with suppress(Exception):
             probe.run(ctx.model, ctx.inputs, ctx, ctx.fake_mode)
-    ctx.results.loss_calls = probe.loss.calls
-    ctx.results.created_in_forward = probe.created
-    ctx.results.fixed_devices = list(probe.devices.found.values())
-    ctx.results.attention_softmaxes = list(probe.attention.found.values())
+    return Found(
+        probe.loss.calls,
+        probe.created,
+        list(probe.devices.found.values()),
+        list(probe.attention.found.values()),
+    )
 
 
-def _fake_is_cheaper(ctx: Context) -> bool:
-    """Whether the memory pass's fake training step took less than its real one: a
-    fake forward costs its Python, a real one its arithmetic (a 1,000-layer MLP of width
-    32: 1.3 s fake against 0.07 s real; ResNet-18 at batch 8: the other way round)."""
-    measured, analysis = ctx.results.memory_measured, ctx.results.memory
-    if measured is None or analysis is None or not analysis.on_fake:
-        return False
-    return analysis.step_seconds < measured.step_seconds
+def apply(ctx: Context, found: Found) -> None:
+    ctx.results.loss_calls = found.loss_calls
+    ctx.results.created_in_forward = found.created
+    ctx.results.fixed_devices = found.fixed_devices
+    ctx.results.attention_softmaxes = found.attention_softmaxes
+
+
+def needs(ctx: Context) -> int | None:
+    """Bytes the probe takes at most: one forward under no_grad, an inference forward's
+    peak (on a fake copy nothing real, but it may fall back to the real forward); on
+    fake tensors nothing real at all."""
+    if ctx.fake_mode is not None:
+        return 0
+    known = step_bytes(ctx)
+    return None if known is None else known.forward_peak
 
 
 def _on_fake_copy(ctx: Context) -> _Probe | None:

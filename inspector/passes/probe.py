@@ -11,9 +11,10 @@ memory pass's fake step against the load's real forward; the time of its Python,
 its arithmetic), and for real when that copy cannot run it (`.item()` deciding a branch)
 or finds an attention softmax.
 
-It reads only the model, the inputs and those timings, so it runs beside the passes after
-the memory pass (inspector/beside.py): on ResNet-18's line it was the last pass to run
-the model, a fork and 0.06 s after the gradients pass."""
+It reads only the model, the inputs and those timings (before the memory pass, the graph
+pass's), so it runs beside the other passes from the graph pass on (inspector/beside.py):
+on ResNet-18's line it was the last pass to run the model, a fork and 0.06 s after the
+gradients pass."""
 
 from __future__ import annotations
 

@@ -38,6 +38,7 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from inspector.dispatchmode import LeanDispatchMode, unwrapped
 from inspector.fakekernels import Widening, remember_refusal, standins, widening_for
 from inspector.fakememo import FakeMemo
 from inspector.fakenew import FakeMaker
@@ -101,8 +102,11 @@ def _set(fake: Any, real: torch.Tensor) -> None:
         mode.valued[fake] = None
 
 
-class ValuedFakeTensorMode(FakeTensorMode):
+class ValuedFakeTensorMode(LeanDispatchMode, FakeTensorMode):
     """FakeTensorMode (non-fake inputs allowed) with values for small integer tensors."""
+
+    # the fake mode's own hook, under our cheaper guard (inspector/dispatchmode.py)
+    __torch_dispatch__ = unwrapped(FakeTensorMode.__torch_dispatch__)
 
     def __init__(self) -> None:
         super().__init__(allow_non_fake_inputs=True)

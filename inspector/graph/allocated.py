@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from inspector.dispatchmode import LeanDispatchMode
 
 __all__ = ["AllocatedBytes"]
 
 
-class AllocatedBytes(TorchDispatchMode):
+class AllocatedBytes(LeanDispatchMode):
     """Within: `total`, the bytes of every new storage an op returned."""
 
     def __init__(self) -> None:

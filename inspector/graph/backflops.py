@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, shape_wrapper
 
+from inspector.dispatchmode import LeanDispatchMode
 from inspector.graph.flops import EXTRA_FORMULAS
 
 __all__ = [
@@ -82,7 +82,7 @@ def backward_flops(packet: Any, forward: int, out: Any, args: tuple, kwargs: dic
     return None
 
 
-class TrainingFlopCounter(TorchDispatchMode):
+class TrainingFlopCounter(LeanDispatchMode):
     """Counts forward FLOPs with torch's formulas (and ours for the CPU attention), and
     the backward FLOPs of every counted op; names the ops it has no backward rule for.
 

@@ -12,14 +12,14 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from inspector.dispatchmode import LeanDispatchMode
 from inspector.fakevalues import new_fake_mode, value_of
 
 __all__ = ["LenientScalars", "fake_context", "new_fake_mode"]
 
 
-class LenientScalars(TorchDispatchMode):
+class LenientScalars(LeanDispatchMode):
     """Answers scalar reads of fake tensors with a placeholder; counts them."""
 
     def __init__(self) -> None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from inspector.dispatchmode import LeanDispatchMode
 
 __all__ = ["MetaMemo", "makes_new_tensors", "flat_arguments", "PLAIN_ARGUMENTS"]
 
@@ -31,7 +32,7 @@ _DATA_DEPENDENT = {
 _Spec = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]
 
 
-class MetaMemo(TorchDispatchMode):
+class MetaMemo(LeanDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.outputs: dict[tuple, tuple[bool, tuple[_Spec, ...]]] = {}

@@ -27,9 +27,10 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
+from inspector.dispatchmode import LeanDispatchMode
 from inspector.memory.kernels import FORMULAS, UNKNOWN, KernelMemory, kernel_memory, op_name
 
 __all__ = [
@@ -80,7 +81,7 @@ def label_kind(label: str | None) -> str | None:
     return re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", label) if label else label
 
 
-class LiveTracker(TorchDispatchMode):
+class LiveTracker(LeanDispatchMode):
     """Counts live bytes; records the peak and a timeline of labelled points."""
 
     def __init__(self, round_to: int = 1) -> None:

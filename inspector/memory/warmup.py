@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, is_fake
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from inspector.dispatchmode import LeanDispatchMode
 from inspector.fakevalues import value_of
 
 __all__ = [
@@ -71,7 +71,7 @@ _DENOMINATOR = frozenset({_aten.sqrt, _aten.div})
 _SETS_STATE = frozenset({_aten.copy_, _aten.zero_, _aten.fill_})
 
 
-class _SkipInplace(TorchDispatchMode):
+class _SkipInplace(LeanDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):  # noqa: ANN204 - torch's
         kwargs = kwargs or {}
         if _skips(func, args, kwargs):
@@ -111,7 +111,7 @@ def skipped_inplace_arithmetic() -> Iterator[None]:
         yield
 
 
-class _SkipRealArithmetic(TorchDispatchMode):
+class _SkipRealArithmetic(LeanDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):  # noqa: ANN204 - torch's
         kwargs = kwargs or {}
         packet = func.overloadpacket

@@ -66,12 +66,11 @@ def one_model(name: str, pairs: int) -> dict:
     model = zoo.build()
     args, kwargs = zoo.inputs()
     inputs = Inputs(args=tuple(args), kwargs=dict(kwargs))
-    options = StepOptions(optimizer="adamw", loss_fn=zoo.loss_fn)
 
     def step() -> float:
         mode = new_fake_mode()
         shadow, fakes = fake_shadow(model, mode), fake_inputs(inputs, mode)
-        options.fake_mode = mode
+        options = StepOptions(optimizer="adamw", loss_fn=zoo.loss_fn, fake_mode=mode)
         train_step(shadow, fakes, options)  # warm: the fake mode's memo, the first dispatches
         shadow, fakes = fake_shadow(model, mode), fake_inputs(inputs, mode)
         start = time.process_time()

@@ -4,6 +4,7 @@ eager twin, without Dynamo trying to compile the guard."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import pytest
@@ -49,9 +50,7 @@ def _tracked(compiled: bool, fake: bool) -> tuple[int, int]:
     inner = torch.compile(sine, backend="eager") if compiled else sine
     torch.manual_seed(0)
     linear = torch.nn.Linear(8, 8)
-    fake_mode = new_fake_mode() if fake else None
-    with fake_mode or torch.no_grad():
-        torch.set_grad_enabled(True)
+    with new_fake_mode() if fake else contextlib.nullcontext():
         x = torch.randn(4, 8)
         tracker = LiveTracker()
         with tracker:

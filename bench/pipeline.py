@@ -94,10 +94,11 @@ def one_case(name: str, steps: int, save: str | None, warm: bool = False) -> dic
     if warm:  # as the zygote does: the imports a first analysis makes, learned in a child
         import tempfile
 
-        from inspector.zygote.warmup import import_all, learned_imports
+        from inspector.zygote.warmup import import_all, learned_imports, warm_caches
 
         with tempfile.TemporaryDirectory() as folder:
             import_all(learned_imports(Path(folder)))
+        warm_caches()
 
     model_ref, spec = CASES[name]
     step = training_step_seconds(model_ref, spec, steps)

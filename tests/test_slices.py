@@ -137,3 +137,30 @@ def test_value_statistics_in_one_pass_are_their_float64_definitions() -> None:
     error = (x.bfloat16().double() - wide).pow(2).mean().sqrt().item()
     assert stats.bf16_error == pytest.approx(error / wide.std(correction=0).item(), rel=1e-12)
     assert stats.nan_count == stats.inf_count == 0
+
+
+@pytest.mark.parametrize("kind", ["", "relu", "sigmoid"])
+def test_more_slices_make_no_more_allocations(kind: str) -> None:
+    """Inside the gradients pass's recorded step every new tensor is an allocation event
+    the profiler keeps and the step's reading goes through: a slice's reductions and
+    comparisons write into what the statistics made once per tensor. On one thread, as
+    the passes run (with more, a large reduction makes its threads' partial results)."""
+    from inspector.health.stats import tensor_stats
+    from inspector.memory.allocations import allocations_recorded, read_events
+
+    def allocations(slices: int) -> int:
+        x = _randn(8, slices * SLICE // 8).abs_() * 1e-3  # in (0, 1): sigmoid-like, tiny values
+        x[:, ::5] = 0.0
+        tensor_stats(x, kind)  # once first: nothing lazily made on a first call is counted
+        with allocations_recorded() as roots:
+            tensor_stats(x, kind)
+            nonzero_and_norm(x)
+            float32_max_abs_diff(x, x)  # no slice holds the largest difference
+        return sum(1 for _, size, _ in read_events(roots()).events if size > 0)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert allocations(2) == allocations(6)
+    finally:
+        torch.set_num_threads(threads)

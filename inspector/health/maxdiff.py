@@ -33,9 +33,10 @@ def float32_max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float | None:
     flushed to zero in float32."""
     flat_a, flat_b = a.reshape(-1), b.reshape(-1)  # views, or one copy each if strided
     buffer = torch.empty(min(a.numel(), SLICE), dtype=torch.float32)
+    into = torch.empty((), dtype=torch.float32)  # not a new tensor a slice (slices.py)
     largest_by_slice: list[tuple[int, float]] = []
     for start, x, y in paired(flat_a, flat_b):
-        part = _abs_diff(x, y, buffer).max().item()
+        part = torch.amax(_abs_diff(x, y, buffer), 0, out=into).item()
         if not math.isfinite(part):
             return None
         largest_by_slice.append((start, part))

@@ -67,25 +67,25 @@ def _one_pass(stats: NumericStats, x: torch.Tensor) -> bool:
     low, high = math.inf, -math.inf
     for part in slices:
         k = part.numel()
-        part_low, part_high = (v.item() for v in torch.aminmax(part))
+        part_low, part_high = slices.extremes(part)
         wide = slices.wide(part)  # centred in place below, once the mean is known
-        total = wide.sum().item()
-        if not math.isfinite(total) or max(-part_low, part_high) >= MASK_ABS:
+        total = slices.total(wide)
+        largest = max(-part_low, part_high)
+        if not math.isfinite(total) or largest >= MASK_ABS:
             return False
         low, high = min(low, part_low), max(high, part_high)
-        nonzero += _count(slices.mask(part).copy_(part))  # bool(x): x != 0
+        nonzero += slices.nonzero(part)
         magnitude = torch.abs(part, out=slices.same(part))
-        below += _count(torch.lt(magnitude, FP16_MIN_NORMAL, out=slices.mask(part)))
-        if max(-part_low, part_high) > FP16_MAX:  # else no value can overflow: no count
+        if largest > FP16_MAX:  # else no value can overflow: no count
             overflow += _count(magnitude > FP16_MAX)
+        below += slices.count_below(magnitude, FP16_MIN_NORMAL)
         part_mean = total / k
-        centred = wide.sub_(part_mean)
+        centred = slices.centred(wide, part_mean)
         delta, n = part_mean - mean, n + k
         mean += delta * k / n
-        squares += torch.dot(centred, centred).item() + delta * delta * (n - k) * k / n
+        squares += slices.squares(centred) + delta * delta * (n - k) * k / n
         error = slices.same(part).copy_(rounded[:k].copy_(part)).sub_(part)  # exact in f32
-        error = slices.wide(error)
-        rounding += torch.dot(error, error).item()
+        rounding += slices.squares(slices.wide(error))
     stats.zero_fraction = 1.0 - nonzero / n
     stats.min, stats.max = low, high
     stats.fp16_overflow_count = overflow
@@ -103,8 +103,8 @@ def _dropping_passes(stats: NumericStats, x: torch.Tensor) -> None:
     slices = Slices(x)
     nonzero, total = 0, 0.0
     for part in slices:
-        nonzero += _count(slices.mask(part).copy_(part))  # bool(x): x != 0, NaN included
-        total += slices.wide(part).sum().item()
+        nonzero += slices.nonzero(part)
+        total += slices.total(slices.wide(part))
     stats.zero_fraction = 1.0 - nonzero / x.numel()
     values: torch.Tensor = x
     if not math.isfinite(total):  # rare: count and drop the NaN/Inf
@@ -128,9 +128,9 @@ def _moments(stats: NumericStats, values: torch.Tensor, nonzero: int, total: flo
     below, overflow = 0, 0
     for part in slices:
         magnitude = torch.abs(part, out=slices.same(part))
-        below += _count(torch.lt(magnitude, FP16_MIN_NORMAL, out=slices.mask(part)))
         if largest > FP16_MAX:  # else no value can overflow: no count
             overflow += _count((magnitude > FP16_MAX) & (magnitude < MASK_ABS))
+        below += slices.count_below(magnitude, FP16_MIN_NORMAL)
     stats.fp16_overflow_count = overflow
     if nonzero:
         zeros = values.numel() - nonzero  # below the normal range and not zero: tiny
@@ -146,15 +146,13 @@ def _spread(values: torch.Tensor, total: float | None) -> tuple[float, float, fl
     std(x), None for constants."""
     slices, n = Slices(values), values.numel()
     if total is None:
-        total = sum(slices.wide(part).sum().item() for part in slices)
+        total = sum(slices.total(slices.wide(part)) for part in slices)
     mean = total / n
     squares, rounding = 0.0, 0.0
     for part in slices:
-        centred = slices.wide(part).sub_(mean)
-        squares += torch.dot(centred, centred).item()
+        squares += slices.squares(slices.centred(slices.wide(part), mean))
         error = slices.same(part).copy_(part.bfloat16()).sub_(part)  # exact in float32
-        error = slices.wide(error)
-        rounding += torch.dot(error, error).item()
+        rounding += slices.squares(slices.wide(error))
     std = math.sqrt(squares / n)
     if n < 2 or std == 0:
         return mean, std, None
@@ -180,9 +178,8 @@ def nonzero_and_norm(t: torch.Tensor, count: bool = True) -> tuple[int, float]:
     nonzero, squares = 0, 0.0
     for part in slices:
         if count:
-            nonzero += _count(slices.mask(part).copy_(part))  # bool(x): x != 0, NaN included
-        wide = slices.wide(part)
-        squares += torch.dot(wide, wide).item()
+            nonzero += slices.nonzero(part)
+        squares += slices.squares(slices.wide(part))
     return nonzero, math.sqrt(squares)
 
 
@@ -219,11 +216,10 @@ def _saturated(values: torch.Tensor, kind: str) -> float | None:
         return None
     slices, near = Slices(values), 0
     for part in slices:
-        mask = slices.mask(part)
         if kind == "sigmoid":  # two disjoint sides
-            near += _count(torch.lt(part, _SATURATION, out=mask))
-            near += _count(torch.gt(part, 1 - _SATURATION, out=mask))
+            near += slices.count_below(slices.same(part).copy_(part), _SATURATION)
+            near += slices.count_above(slices.same(part).copy_(part), 1 - _SATURATION)
         else:
             magnitude = torch.abs(part, out=slices.same(part))
-            near += _count(torch.gt(magnitude, 1 - _SATURATION, out=mask))
+            near += slices.count_above(magnitude, 1 - _SATURATION)
     return near / values.numel()

@@ -94,11 +94,13 @@ def one_case(name: str, steps: int, save: str | None, warm: bool = False) -> dic
     if warm:  # as the zygote does: the imports a first analysis makes, learned in a child
         import tempfile
 
-        from inspector.zygote.warmup import import_all, learned_imports, warm_caches
+        from inspector.zygote import warmup
+        from inspector.zygote.warmup import import_all, learned_imports
 
         with tempfile.TemporaryDirectory() as folder:
             import_all(learned_imports(Path(folder)))
-        warm_caches()
+        if hasattr(warmup, "warm_caches"):  # not in a tree from before it (--before)
+            warmup.warm_caches()
 
     model_ref, spec = CASES[name]
     step = training_step_seconds(model_ref, spec, steps)

@@ -43,11 +43,13 @@ def one_model(name: str, steps: int) -> dict:
 
     from inspector.analyze import inspect_model
     from inspector.context import Options
-    from inspector.zygote.warmup import import_all, learned_imports, warm_caches
+    from inspector.zygote import warmup
+    from inspector.zygote.warmup import import_all, learned_imports
 
     with tempfile.TemporaryDirectory() as folder:
         import_all(learned_imports(Path(folder)))
-        warm_caches()
+        if hasattr(warmup, "warm_caches"):  # not in a tree from before it (--before)
+            warmup.warm_caches()
         source = zoo_models.entry_file(name, folder)
         step = training_step_seconds(source, "", steps)
         start = time.perf_counter()

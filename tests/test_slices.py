@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from inspector.health.backprop import grad_stats
+from inspector.health.backprop import grad_norm, grad_stats
 from inspector.health.maxdiff import all_close, float32_max_abs_diff
 from inspector.health.modecheck import channel_variance
 from inspector.health.slices import SLICE
@@ -137,6 +137,16 @@ def test_value_statistics_in_one_pass_are_their_float64_definitions() -> None:
     error = (x.bfloat16().double() - wide).pow(2).mean().sqrt().item()
     assert stats.bf16_error == pytest.approx(error / wide.std(correction=0).item(), rel=1e-12)
     assert stats.nan_count == stats.inf_count == 0
+
+
+def test_a_node_gradients_norm_is_its_finite_values_float64_norm() -> None:
+    g = _randn(2 * SLICE + 9)
+    exact = torch.linalg.vector_norm(g.double()).item()
+    assert grad_norm(g) == (pytest.approx(exact, rel=1e-12), False)
+    g[SLICE + 4], g[7] = float("nan"), float("-inf")  # left out, and said
+    finite = torch.linalg.vector_norm(torch.where(torch.isfinite(g), g, 0).double()).item()
+    assert grad_norm(g) == (pytest.approx(finite, rel=1e-12), True)
+    assert grad_norm(g)[0] == grad_stats(g).norm  # the parameters' rows' norm
 
 
 @pytest.mark.parametrize("kind", ["", "relu", "sigmoid"])

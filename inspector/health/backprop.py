@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GradStats", "BackwardRun", "InplaceError", "ForwardWatch", "OwnBackward", "backward_once",
-    "grad_stats", "AutogradGraph", "autograd_graph",
+    "grad_stats", "grad_norm", "AutogradGraph", "autograd_graph",
 ]  # fmt: skip
 
 
@@ -78,9 +78,23 @@ def grad_stats(grad: torch.Tensor) -> GradStats:
     if math.isfinite(norm):  # the common case: no NaN/Inf to count
         return GradStats(norm, zero, 0, 0)
     finite = torch.isfinite(g)
-    norm = float64_norm(torch.where(finite, g, 0))
     nan = int(torch.isnan(g).sum())
-    return GradStats(norm, zero, nan, int((~finite).sum()) - nan)
+    return GradStats(_finite_norm(g, finite), zero, nan, int((~finite).sum()) - nan)
+
+
+def grad_norm(grad: torch.Tensor) -> tuple[float, bool]:
+    """(the float64 norm of the finite values, whether any is NaN or Inf): what a node's
+    gradient reports. No zero count, which only the parameters' rows show (ResNet-18's
+    69 node gradients, 70 M values: 0.03 s of the gradients pass)."""
+    g = grad.detach()
+    norm = float64_norm(g)
+    if math.isfinite(norm):
+        return norm, False
+    return _finite_norm(g, torch.isfinite(g)), True
+
+
+def _finite_norm(g: torch.Tensor, finite: torch.Tensor) -> float:
+    return float64_norm(torch.where(finite, g, 0))
 
 
 class ForwardWatch(Protocol):

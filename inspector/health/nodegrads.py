@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from inspector.context import Context
-from inspector.health.backprop import AutogradGraph, autograd_graph, grad_stats
+from inspector.health.backprop import AutogradGraph, autograd_graph, grad_norm
 from inspector.health.outputs import LossOutput, flat_tensors, float_outputs, make_loss
 from inspector.health.state import seeded
 from inspector.health.values import NodeRef, OnValue, module_values, run_nodes
@@ -183,9 +183,9 @@ def _same_loss(loss: torch.Tensor | None, expected: ExpectedLoss) -> bool:
 
 def record_grad(result: NodeGrads, name: str, grad: torch.Tensor) -> None:
     with ours():  # left out of a recorded step (inspector/memory/merged.py)
-        stats = grad_stats(grad)
+        norm, blown = grad_norm(grad)
     if name in result.norms:  # a node whose output is read twice: the hook sees the sum
         return
-    result.norms[name] = stats.norm
-    if result.first_nan is None and (stats.nan_count or stats.inf_count):
+    result.norms[name] = norm
+    if result.first_nan is None and blown:
         result.first_nan = name

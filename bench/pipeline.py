@@ -84,6 +84,17 @@ def training_step_seconds(model_ref: str, spec: str, steps: int) -> float:
     return statistics.median(times[1:])
 
 
+def warm_as_zygote(folder: Path) -> None:
+    """What the service's zygote does before it forks a job: import what a first analysis
+    imports (learned in a child, in `folder`), and fill the caches it fills, where the
+    tree has them (not one from before them, given with --before)."""
+    from inspector.zygote import warmup
+
+    warmup.import_all(warmup.learned_imports(folder))
+    if hasattr(warmup, "warm_caches"):
+        warmup.warm_caches()
+
+
 def one_case(name: str, steps: int, save: str | None, warm: bool = False) -> dict:
     import torch
 
@@ -91,16 +102,11 @@ def one_case(name: str, steps: int, save: str | None, warm: bool = False) -> dic
     from inspector.analyze import inspect_model
     from inspector.context import Options
 
-    if warm:  # as the zygote does: the imports a first analysis makes, learned in a child
+    if warm:
         import tempfile
 
-        from inspector.zygote import warmup
-        from inspector.zygote.warmup import import_all, learned_imports
-
         with tempfile.TemporaryDirectory() as folder:
-            import_all(learned_imports(Path(folder)))
-        if hasattr(warmup, "warm_caches"):  # not in a tree from before it (--before)
-            warmup.warm_caches()
+            warm_as_zygote(Path(folder))
 
     model_ref, spec = CASES[name]
     step = training_step_seconds(model_ref, spec, steps)

@@ -80,15 +80,13 @@ def main() -> int:
     import inspector  # noqa: F401 - before torchvision: its C++ ops are replaced
 
     torch.set_num_threads(1)
-    from pipeline import training_step_seconds
+    from pipeline import training_step_seconds, warm_as_zygote
 
     from inspector.analyze import inspect_model
     from inspector.context import Options
-    from inspector.zygote.warmup import import_all, learned_imports, warm_caches
 
     with tempfile.TemporaryDirectory() as folder:
-        import_all(learned_imports(Path(folder)))
-        warm_caches()
+        warm_as_zygote(Path(folder))
         source, spec = _source(args.model, folder)
         step = training_step_seconds(source, spec or "", 3)
         print(f"{args.model}: one real training step {step:.3f} s (median of 3)")

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from pipeline import cold_import_seconds, training_step_seconds  # noqa: E402
+from pipeline import cold_import_seconds, training_step_seconds, warm_as_zygote  # noqa: E402
 
 
 def one_model(name: str, steps: int) -> dict:
@@ -43,13 +43,9 @@ def one_model(name: str, steps: int) -> dict:
 
     from inspector.analyze import inspect_model
     from inspector.context import Options
-    from inspector.zygote import warmup
-    from inspector.zygote.warmup import import_all, learned_imports
 
     with tempfile.TemporaryDirectory() as folder:
-        import_all(learned_imports(Path(folder)))
-        if hasattr(warmup, "warm_caches"):  # not in a tree from before it (--before)
-            warmup.warm_caches()
+        warm_as_zygote(Path(folder))
         source = zoo_models.entry_file(name, folder)
         step = training_step_seconds(source, "", steps)
         start = time.perf_counter()

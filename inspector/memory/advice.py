@@ -6,7 +6,9 @@ saves that). Blocks follow the model's own structure (`blocks`): the members of 
 container of composite modules (transformer layers, ResNet stages' blocks, MobileNet's
 `features`), a chain of single layers as one block (a UNet's conv-BN-ReLU Sequentials),
 and same-type composite siblings (timm stages). `inspector.memory.checkpointing` then
-runs the advised checkpointing on fake tensors and the advice quotes what it measured.
+runs the advised checkpointing on fake tensors and the advice quotes what it measured;
+where a block cannot free `MEANINGFUL_SHARE` of the peak at most (`checkpoint_bound`), its
+advice could not be shown, and no run is made.
 """
 
 from __future__ import annotations
@@ -24,13 +26,17 @@ from inspector.units import format_bytes
 __all__ = [
     "blocks",
     "block_savings",
+    "checkpoint_bound",
     "subtree_bytes",
     "Checked",
     "checkpoint_advice",
     "autocast_advice",
+    "MEANINGFUL_SHARE",
+    "meaningful_bytes",
 ]
 
 TOP = 5
+MEANINGFUL_SHARE = 0.01  # advice that saves less of the training-step peak is noise
 
 
 def _container(module: nn.Module) -> bool:
@@ -124,6 +130,24 @@ def block_savings(
         if own - kept > 0:
             savings.append((own - kept, path, kind))
     return sorted(savings, reverse=True)
+
+
+def meaningful_bytes(peak_bytes: int) -> int:
+    """The least saving advice quotes: `MEANINGFUL_SHARE` of the training-step peak."""
+    return int(MEANINGFUL_SHARE * peak_bytes)
+
+
+def checkpoint_bound(train: Any, path: str) -> int:
+    """The most saved bytes checkpointing the block at `path` can free: the storages that
+    only ops running inside it saved (under its call, whatever module they belong to).
+    Any other saved storage an op outside the block saves again with it checkpointed, and
+    the checkpoint only adds what it keeps; so the run's measured saving is at most this."""
+    inside = ((path,),)  # a storage without its savers noted counts as the block's
+    return sum(
+        nbytes
+        for key, (nbytes, _) in train.saved.items()
+        if all(path in stack for stack in train.savers.get(key, inside))
+    )
 
 
 @dataclass(frozen=True)

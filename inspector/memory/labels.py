@@ -47,7 +47,8 @@ class Calls:
 def module_labels(model: nn.Module, tracker: LiveTracker, tag: bool) -> Iterator[Calls]:
     """Label ops with the innermost module path while `model` runs."""
     order = Calls()
-    stack: list[str] = []
+    stack = tracker.modules  # what runs, read by the saved tensors' hook (saved.py)
+    stack.clear()
     handles = []
     for path, module in model.named_modules():
         handles.append(module.register_forward_pre_hook(_pre(path, stack, tracker, tag)))

@@ -4,7 +4,9 @@
 Several saves of one storage (a view, the same input saved by two ops) cost its bytes once.
 Parameters and buffers are static memory, counted elsewhere, so they are left out; a
 storage is attributed to the label (graph node or module) that produced it, which the
-`LiveTracker` recorded when the storage first appeared.
+`LiveTracker` recorded when the storage first appeared. Each save also notes the modules
+running as the op saved it (`savers`): what checkpointing a block can free at most
+(inspector.memory.advice `checkpoint_bound`).
 """
 
 from __future__ import annotations
@@ -26,11 +28,16 @@ class SavedTracker:
         self.tracker = tracker
         self.exclude = exclude  # storage keys of parameters and buffers
         self.saved: dict[int, tuple[int, str | None]] = {}  # key -> (bytes, producer)
+        # key -> the module stacks (outermost first) its saves happened under
+        self.savers: dict[int, set[tuple[str, ...]]] = {}
         self._hooks: AbstractContextManager | None = None
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         key = storage_key(t)
-        if key in self.exclude or key in self.saved:
+        if key in self.exclude:
+            return t
+        self.savers.setdefault(key, set()).add(tuple(self.tracker.modules))
+        if key in self.saved:
             return t
         entry = self.tracker.entries.get(key)
         nbytes = entry.nbytes if entry else storage_bytes(t, self.tracker.round_to)

@@ -70,7 +70,9 @@ class TrainResult:
     phase_peaks: dict[str, int]
     points: list[Point] = field(default_factory=list)
     windows: list[tuple[str, int]] = field(default_factory=list)  # LiveTracker.windows
-    saved: dict[int, tuple[int, str | None]] = field(default_factory=dict)  # key -> bytes, by
+    # storage key -> (bytes, producer); -> the module stacks its saves ran under (saved.py)
+    saved: dict[int, tuple[int, str | None]] = field(default_factory=dict)
+    savers: dict[int, set[tuple[str, ...]]] = field(default_factory=dict)
     module_outputs: dict[str, set[int]] = field(default_factory=dict)  # path -> storage keys
     module_output_bytes: dict[str, int] = field(default_factory=dict)  # path -> bytes
     unmodelled: set[str] = field(default_factory=set)  # ops whose kernel memory is left out
@@ -203,6 +205,7 @@ def _tracked_step(
         points=tracker.timeline(),
         windows=tracker.windows(),
         saved=saved.saved,
+        savers=saved.savers,
         module_outputs=calls.outputs,
         module_output_bytes=calls.output_bytes,
         unmodelled=set(tracker.unmodelled),

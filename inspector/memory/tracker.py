@@ -91,6 +91,7 @@ class LiveTracker(LeanDispatchMode):
         self.live = 0
         self.phase = "forward"
         self.label: str | None = None
+        self.modules: list[str] = []  # the paths of the modules running, outermost first
         self.peak = 0
         self.peak_label: str | None = None
         self.peak_phase = "forward"

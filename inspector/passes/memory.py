@@ -26,9 +26,8 @@ from inspector.memory.timeline import downsample
 from inspector.report import BatchPoint, Memory
 from inspector.units import ACCELERATOR_BUDGETS
 
-__all__ = ["run", "MEANINGFUL_SHARE"]
+__all__ = ["run"]
 
-MEANINGFUL_SHARE = 0.01  # advice that saves less of the training-step peak is noise
 _NEEDS_TRAIN_INPUTS = (
     "memory: training memory needs a forward that runs in train mode, and this one fails "
     "with these inputs (only eval mode was captured): give what train mode needs, such as "
@@ -171,7 +170,7 @@ def _batch(ctx: Context, mem: Memory, a: Analysis, planned: Runs) -> None:
 def _advice(ctx: Context, mem: Memory, a: Analysis, runs: Runs) -> None:
     """Checkpointing and bf16 advice, each run on fake tensors and quoted as measured;
     advice that saves under 1% of the training-step peak is left out."""
-    min_bytes = int(MEANINGFUL_SHARE * a.train.peak_bytes)
+    min_bytes = advice.meaningful_bytes(a.train.peak_bytes)
     mem.blocks = [path for path, _ in advice.blocks(a.model) if path]
     mem.named_blocks = list(current_patterns())
     savings = runs.savings.get()
@@ -196,8 +195,12 @@ def _check_checkpoints(
     saving) and every block at once."""
     if not a.on_fake or not savings:
         return {}, None
-    groups = checkpoint_groups(savings)
-    checked = {path: runs.get(checkpoint_key(on)) for path, on in groups.items()}
+    groups = checkpoint_groups(savings)  # groups that could not reach the share made no run
+    checked = {
+        path: runs.get(checkpoint_key(on))
+        for path, on in groups.items()
+        if runs.has(checkpoint_key(on))
+    }
     every = runs.get(checkpoint_key("")) if len(savings) > 1 else None
     ctx.results.memory_checkpointed = every
     return checked, every

@@ -14,6 +14,7 @@ advice could not be shown, and no run is made.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,16 +138,18 @@ def meaningful_bytes(peak_bytes: int) -> int:
     return int(MEANINGFUL_SHARE * peak_bytes)
 
 
-def checkpoint_bound(train: Any, path: str) -> int:
-    """The most saved bytes checkpointing the block at `path` can free: the storages that
-    only ops running inside it saved (under its call, whatever module they belong to).
-    Any other saved storage an op outside the block saves again with it checkpointed, and
-    the checkpoint only adds what it keeps; so the run's measured saving is at most this."""
-    inside = ((path,),)  # a storage without its savers noted counts as the block's
+def checkpoint_bound(train: Any, paths: Sequence[str]) -> int:
+    """The most saved bytes checkpointing the blocks at `paths` can free: the storages
+    that only ops running inside them saved (under a block's call, whatever module they
+    belong to). Any other saved storage an op outside the blocks saves again with them
+    checkpointed, and a checkpoint only adds what it keeps; so the run's measured saving
+    is at most this."""
+    blocks = frozenset(paths)
+    inside = (tuple(blocks),)  # a storage without its savers noted counts as theirs
     return sum(
         nbytes
         for key, (nbytes, _) in train.saved.items()
-        if all(path in stack for stack in train.savers.get(key, inside))
+        if all(not blocks.isdisjoint(stack) for stack in train.savers.get(key, inside))
     )
 
 

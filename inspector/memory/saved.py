@@ -30,13 +30,15 @@ class SavedTracker:
         self.saved: dict[int, tuple[int, str | None]] = {}  # key -> (bytes, producer)
         # key -> the module stacks (outermost first) its saves happened under
         self.savers: dict[int, set[tuple[str, ...]]] = {}
+        self._stacks: dict[tuple[str, ...], tuple[str, ...]] = {}  # one object per stack
         self._hooks: AbstractContextManager | None = None
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         key = storage_key(t)
         if key in self.exclude:
             return t
-        self.savers.setdefault(key, set()).add(tuple(self.tracker.modules))
+        stack = tuple(self.tracker.modules)
+        self.savers.setdefault(key, set()).add(self._stacks.setdefault(stack, stack))
         if key in self.saved:
             return t
         entry = self.tracker.entries.get(key)

@@ -201,7 +201,7 @@ def _check_checkpoints(
         for path, on in groups.items()
         if runs.has(checkpoint_key(on))
     }
-    every = runs.get(checkpoint_key("")) if len(savings) > 1 else None
+    every = runs.get(checkpoint_key("")) if runs.has(checkpoint_key("")) else None
     ctx.results.memory_checkpointed = every
     return checked, every
 

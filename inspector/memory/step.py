@@ -70,8 +70,8 @@ class TrainResult:
     phase_peaks: dict[str, int]
     points: list[Point] = field(default_factory=list)
     windows: list[tuple[str, int]] = field(default_factory=list)  # LiveTracker.windows
-    # storage key -> (bytes, producer); -> the module stacks its saves ran under (saved.py)
-    saved: dict[int, tuple[int, str | None]] = field(default_factory=dict)
+    saved: dict[int, tuple[int, str | None]] = field(default_factory=dict)  # key -> (bytes, by)
+    # storage key -> the module stacks its saves ran under (inspector/memory/saved.py)
     savers: dict[int, set[tuple[str, ...]]] = field(default_factory=dict)
     module_outputs: dict[str, set[int]] = field(default_factory=dict)  # path -> storage keys
     module_output_bytes: dict[str, int] = field(default_factory=dict)  # path -> bytes

@@ -19,13 +19,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from pipeline import json_child  # noqa: E402 - bench/, the script's own folder
 
 
 def one_model(name: str) -> dict:
@@ -53,13 +54,6 @@ def one_model(name: str) -> dict:
     return {"seconds": report.meta.timings_s.get("memory"), "section": section}
 
 
-def _child(tree: Path, name: str) -> dict:
-    cmd = [sys.executable, __file__, "--model", name]
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=tree, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated zoo names")
@@ -79,7 +73,7 @@ def main() -> int:
         sections: dict[str, dict] = {}
         for _ in range(args.rounds):
             for label, tree in trees:
-                row = _child(tree, name)
+                row = json_child([__file__, "--model", name], tree)
                 best[label] = min(best.get(label, float("inf")), row["seconds"])
                 sections[label] = row["section"]
         line = f"{name:40s} " + "  ".join(f"{k} {v:6.2f} s" for k, v in best.items())

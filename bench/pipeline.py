@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -138,10 +139,18 @@ def run_child(
 ) -> dict:
     """One case in a fresh interpreter; `code`: the inspector package from that tree (the
     models still from this one)."""
-    cmd = [sys.executable, __file__, "--case", name, "--steps", str(steps)]
-    cmd += ["--save", save] if save else []
-    cmd += ["--warm"] if warm else []
-    env = {**os.environ, "PYTHONPATH": code or str(ROOT)}
+    args = [__file__, "--case", name, "--steps", str(steps)]
+    args += ["--save", save] if save else []
+    args += ["--warm"] if warm else []
+    return json_child(args, code)
+
+
+def json_child(args: list[str], tree: str | Path | None = None) -> Any:
+    """What a bench script run as `python ARGS` in a fresh interpreter prints as JSON on
+    its last line; `tree`: the inspector package from that tree (the models and benches
+    still from this one)."""
+    env = {**os.environ, "PYTHONPATH": str(tree or ROOT)}
+    cmd = [sys.executable, *args]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from pipeline import json_child  # noqa: E402 - bench/, the script's own folder
 
 
 def measure(repeats: int) -> dict:
@@ -64,13 +65,6 @@ def measure(repeats: int) -> dict:
     return {"alone_s": min(alone), "recorded_s": min(recorded), "events": events, "values": values}
 
 
-def _child(tree: Path, repeats: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--repeats", str(repeats)]
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", metavar="TREE", help="another tree's inspector, alternating")
@@ -87,7 +81,7 @@ def main() -> int:
     best: dict[str, dict] = {}
     for _ in range(args.rounds):
         for label, tree in trees:
-            row = _child(tree, args.repeats)
+            row = json_child([__file__, "--child", "--repeats", str(args.repeats)], tree)
             print(
                 f"{label}: {row['values'] / 1e6:.1f} M values, alone {row['alone_s']:.3f} s, "
                 f"recorded {row['recorded_s']:.3f} s, {row['events']} events",

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from pipeline import json_child  # noqa: E402 - bench/, the script's own folder
+from pipeline import compared_trees, json_child  # noqa: E402 - bench/, the script's own folder
 
 
 def one_model(name: str) -> dict:
@@ -64,9 +64,7 @@ def main() -> int:
     if args.model:
         print(json.dumps(one_model(args.model)))
         return 0
-    trees = [("after", ROOT)]
-    if args.before:
-        trees.insert(0, ("before", Path(args.before).resolve()))
+    trees = compared_trees(args.before)
     ratios, differ = [], []
     for name in args.only.split(","):
         best: dict[str, float] = {}

@@ -145,6 +145,14 @@ def run_child(
     return json_child(args, code)
 
 
+def compared_trees(before: str | None) -> list[tuple[str, Path]]:
+    """("before", TREE) when given, then ("after", this tree): the trees a bench alternates."""
+    trees = [("after", ROOT)]
+    if before:
+        trees.insert(0, ("before", Path(before).resolve()))
+    return trees
+
+
 def json_child(args: list[str], tree: str | Path | None = None) -> Any:
     """What a bench script run as `python ARGS` in a fresh interpreter prints as JSON on
     its last line; `tree`: the inspector package from that tree (the models and benches

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from pipeline import json_child  # noqa: E402 - bench/, the script's own folder
+from pipeline import compared_trees, json_child  # noqa: E402 - bench/, the script's own folder
 
 
 def measure(repeats: int) -> dict:
@@ -75,9 +75,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(measure(args.repeats)))
         return 0
-    trees = [("after", ROOT)]
-    if args.before:
-        trees.insert(0, ("before", Path(args.before).resolve()))
+    trees = compared_trees(args.before)
     best: dict[str, dict] = {}
     for _ in range(args.rounds):
         for label, tree in trees:

@@ -106,15 +106,18 @@ def checkpoint_runs(
     its advice would be left out either way, and with it the set-ups' checkpointed rows
     (at its zoo size, GoogLeNet's five group runs: 0.9 s of its 3.3 s memory pass)."""
     least = advice.meaningful_bytes(train.peak_bytes)
+
+    def may_show(paths: list[str], predicted: int) -> bool:  # the bound only when needed
+        return predicted >= least or advice.checkpoint_bound(train, paths) >= least
+
     predicted = {path: saving for saving, path, _ in savings}
     runs = [
         ([on], on)
         for on in dict.fromkeys(checkpoint_groups(savings).values())
-        if max(predicted[on], advice.checkpoint_bound(train, [on])) >= least
+        if may_show([on], predicted[on])
     ]
     every = [path for _, path, _ in savings]
-    bound = advice.checkpoint_bound(train, every)
-    if len(every) > 1 and max(sum(predicted.values()), bound) >= least:
+    if len(every) > 1 and may_show(every, sum(predicted.values())):
         runs.append((every, ""))
     return runs
 

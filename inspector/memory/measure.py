@@ -17,13 +17,16 @@ layer's input, token ids) are added by storage, seen by a saved-tensors hook.
 On the CPU the inference forward may have been recorded already, on the load's input
 check (inference.py): its peak above its start then stands on what the step holds once
 its copy of the weights and inputs are made, and the step runs none.
+On the CPU the optimizer makes its state and its step's allocations without their
+arithmetic, as does the copy where no forward reads it (warmup.py `allocations_only`):
+what is allocated does not depend on the values, and the copy is thrown away after.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +45,7 @@ from inspector.memory.loss import compute_loss
 from inspector.memory.optimizer import make_optimizer
 from inspector.memory.shadow import clone_inputs, real_shadow
 from inspector.memory.step import StepOptions, unique_tensors, warm_up
+from inspector.memory.warmup import allocations_only
 
 __all__ = [
     "Measurement", "measure", "relative_error", "OptimizerPhase", "measure_optimizer_phase",
@@ -127,14 +131,18 @@ def measure_optimizer_phase(
     with torch.random.fork_rng(devices=[]):
         meter = _ProfilerMeter()
         with meter.recording():
-            shadow, _, trainable, optimizer = _resident(meter, model, inputs, opts, inference)
+            # with the inference forward recorded, no value of the copy is read
+            copy_values = inference is None
+            shadow, _, trainable, optimizer = _resident(
+                meter, model, inputs, opts, inference, copy_values
+            )
             with meter.window("train"):  # as the step begins: train() may let go of what
                 shadow.train()  # eval() kept (LeViT's attention biases)
-            with meter.window("grads"):
+            with allocations_only(), meter.window("grads"):  # no value read: none made
                 for p in trainable:
                     p.grad = torch.zeros_like(p)
             start = time.perf_counter()
-            with meter.window("step"):
+            with allocations_only(), meter.window("step"):
                 if optimizer is not None:
                     optimizer.step()
             seconds = time.perf_counter() - start
@@ -153,24 +161,36 @@ def measure_optimizer_phase(
 
 
 def _resident(
-    meter: _Meter, model: nn.Module, inputs: Inputs, opts: StepOptions, inference: int | None
+    meter: _Meter,
+    model: nn.Module,
+    inputs: Inputs,
+    opts: StepOptions,
+    inference: int | None,
+    copy_values: bool = True,
 ) -> tuple[nn.Module, Inputs, list[nn.Parameter], torch.optim.Optimizer | None]:
     """What the step begins on, each part in its window: the copy of the weights, buffers
     and inputs ("setup"), the inference forward where not recorded at load ("forward"),
-    the optimizer's state ("state")."""
-    with meter.window("setup"):
+    the optimizer's state ("state"). `copy_values` False: the copy's floating tensors are
+    allocated as the copy makes them, and not filled (no value of theirs will be read)."""
+    with nullcontext() if copy_values else _valueless(opts), meter.window("setup"):
         shadow = real_shadow(model)
         batch = clone_inputs(inputs)
     if inference is None:
         with meter.window("forward"):
             _inference(shadow, batch, opts)
     trainable = [p for p in unique_tensors(shadow.parameters()) if p.requires_grad]
-    with meter.window("state"):
+    with _valueless(opts), meter.window("state"):
         optimizer = make_optimizer(opts.optimizer, trainable)
         # the ground truth: every parameter's state as a real loop's, allocated as its first
         # step does; the step's values are not wanted (inspector.memory.warmup)
         warm_up(optimizer, trainable, shorten=False, values=False)
     return shadow, batch, trainable, optimizer
+
+
+def _valueless(opts: StepOptions) -> AbstractContextManager[None]:
+    """Where the optimizer's values are never read (its step on the CPU makes its
+    allocations without its arithmetic): its state allocated and not filled."""
+    return allocations_only() if opts.device == "cpu" else nullcontext()
 
 
 def _autocast(opts: StepOptions):  # noqa: ANN202
@@ -207,7 +227,8 @@ def _train_step(
     kept_apart = inputs.saved_bytes - _round(loss.untyped_storage().nbytes(), opts)
     loss.backward()
     if optimizer is not None:
-        optimizer.step()
+        with _valueless(opts):
+            optimizer.step()
     for p in trainable:
         p.grad = None
     return kept_apart

@@ -25,6 +25,18 @@ gets an uninitialised tensor of its size. What is allocated stays as it was, byt
 what is not done is touching it: over VGG-11's six largest parameter shapes (130 M values)
 the warm-up faulted in 1 GB of denominators and updated 2 GB of state, 3.7 s against 1.0 s
 for the state's allocation alone.
+
+The measured step on the CPU (inspector/memory/measure.py) goes one further: its copy of
+the model is thrown away after, so no value of its optimizer's state, its gradients or its
+step is ever read, nor, where the load recorded the inference forward, of the copy itself.
+There (`allocations_only`) the state-setting ops are skipped too, `zeros_like` and `clone`
+give uninitialised tensors, and the step runs without its arithmetic: every allocation of
+the real step is made, in the same order and of the same size, and none is touched. A
+skipped op still makes what its kernel would allocate: the float32 (or bf16) copy the CPU
+kernel makes of a Python number given for a tensor argument (`mul_(0.9)`), freed as the
+op returns. VGG-11-BN's optimizer phase at [2, 3, 224, 224]: 3.3-8.1 s, most of it the
+first touch of 2.9 GB of fresh pages, against 0.04 s; the same figures to the byte on the
+zoo (bench/optimizer_phase.py).
 """
 
 from __future__ import annotations
@@ -41,7 +53,7 @@ from inspector.fakevalues import value_of
 
 __all__ = [
     "skipped_inplace_arithmetic", "without_inplace_arithmetic", "state_allocation_only", "is_fake",
-    "SKIPPED",
+    "SKIPPED", "allocations_only",
 ]  # fmt: skip
 
 _aten = torch.ops.aten
@@ -69,6 +81,9 @@ SKIPPED = frozenset(
 _DENOMINATOR = frozenset({_aten.sqrt, _aten.div})
 # In-place ops that set state rather than update it: they run on real tensors.
 _SETS_STATE = frozenset({_aten.copy_, _aten.zero_, _aten.fill_})
+# New tensors filled with values (a copy's): only their allocation is made under
+# `allocations_only`.
+_FILLED_LIKE = frozenset({_aten.zeros_like, _aten.ones_like, _aten.full_like, _aten.clone})
 
 
 class _SkipInplace(LeanDispatchMode):
@@ -112,20 +127,73 @@ def skipped_inplace_arithmetic() -> Iterator[None]:
 
 
 class _SkipRealArithmetic(LeanDispatchMode):
+    """`sets_state` False: the state-setting ops are skipped too and `zeros_like` (the
+    state's and the gradients' zeros) makes an uninitialised tensor (`allocations_only`)."""
+
+    def __init__(self, sets_state: bool = True) -> None:
+        super().__init__()
+        self.kept = _SETS_STATE if sets_state else frozenset()
+        self.filled = frozenset() if sets_state else _FILLED_LIKE
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):  # noqa: ANN204 - torch's
         kwargs = kwargs or {}
         packet = func.overloadpacket
         if args and "out" not in kwargs and _updatable(args[0]):
-            if packet in SKIPPED and packet not in _SETS_STATE:
-                return args[0]
-            if packet in _DENOMINATOR and all(_elementwise_partner(a, args[0]) for a in args[1:]):
-                return torch.empty_like(args[0])
+            first = args[0]
+            if packet in SKIPPED and packet not in self.kept and _allocation_free(args):
+                _cast_numbers(func, args)
+                return first
+            if packet in _DENOMINATOR and all(_elementwise_partner(a, first) for a in args[1:]):
+                out = torch.empty_like(first)
+                _cast_numbers(func, args)
+                return out
+            if packet in self.filled:
+                return torch.empty_like(first, **_like_options(kwargs))
         return func(*args, **kwargs)
 
 
 def _updatable(t: Any) -> bool:
     """A plain real floating tensor with values to update (not a 0-dim step counter)."""
     return type(t) in (torch.Tensor, torch.nn.Parameter) and t.is_floating_point() and t.dim() > 0
+
+
+def _allocation_free(args: tuple[Any, ...]) -> bool:
+    """Whether an in-place op on `args[0]` allocates nothing but the copies of Python
+    numbers and 0-dim tensors (`_cast_numbers`): its other tensors share the target's
+    dtype (one of another dtype would be copied to the common one first), or are 0-dim."""
+    first = args[0]
+    return all(
+        a.dtype == first.dtype or a.dim() == 0 for a in args[1:] if isinstance(a, torch.Tensor)
+    )
+
+
+def _cast_numbers(func: Any, args: tuple[Any, ...]) -> None:
+    """What the CPU kernel of `func` allocates for the Python numbers given for its tensor
+    arguments: each is wrapped in a 0-dim tensor and copied to the target's dtype (4 bytes
+    for float32), the copy freed as the op returns; a 0-dim tensor of another dtype is
+    copied so too. A `Scalar` argument (`lerp_`'s weight, `addcdiv_`'s value) is read as
+    it is."""
+    first = args[0]
+    if first.device.type != "cpu":
+        return
+    schema = func._schema.arguments
+    for arg, spec in zip(args[1:], schema[1:], strict=False):
+        if _copied_to(arg, spec, first.dtype):
+            torch.empty((), dtype=first.dtype)  # made and freed, as the kernel's copy
+
+
+def _copied_to(arg: Any, spec: Any, dtype: torch.dtype) -> bool:
+    """A Python number for a tensor argument, or a 0-dim tensor of another dtype."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dim() == 0 and arg.dtype != dtype
+    number = isinstance(arg, int | float) and not isinstance(arg, bool)
+    return number and str(spec.type) == "Tensor"
+
+
+def _like_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keywords of `zeros_like` or `clone` that `empty_like` takes (all but a fill
+    value; `clone`'s memory format, None or not, is `empty_like`'s)."""
+    return {k: v for k, v in kwargs.items() if k != "fill_value"}
 
 
 def _elementwise_partner(arg: Any, first: torch.Tensor) -> bool:
@@ -148,3 +216,12 @@ def without_inplace_arithmetic(params: list[torch.Tensor]) -> AbstractContextMan
     A tracked step loses nothing by it: on fake tensors those kernels allocate nothing
     (no kernel memory model covers them) and the tracker counts allocations only."""
     return skipped_inplace_arithmetic() if params and is_fake(params[0]) else nullcontext()
+
+
+@contextmanager
+def allocations_only() -> Iterator[None]:
+    """Within: the arithmetic of real optimizer steps (and of their warm-up, and zeros for
+    gradients) is skipped, each allocation it makes is still made; for a copy of the model
+    whose values are never read after (the module's docstring)."""
+    with _SkipRealArithmetic(sets_state=False):
+        yield

@@ -76,6 +76,9 @@ class TrainResult:
     module_outputs: dict[str, set[int]] = field(default_factory=dict)  # path -> storage keys
     module_output_bytes: dict[str, int] = field(default_factory=dict)  # path -> bytes
     unmodelled: set[str] = field(default_factory=set)  # ops whose kernel memory is left out
+    # what the optimizer's step allocated on top of what was live as it began (None: no
+    # step ran); the set-ups read it as `setups.step_cost` measures it (independent.py)
+    optimizer_step_bytes: int | None = None
 
 
 @dataclass
@@ -181,9 +184,13 @@ def _tracked_step(
         grad_bytes = sum(p.grad.untyped_storage().nbytes() for p in trainable if p.grad is not None)
         tracker.set_phase("optimizer")
         tracker.label = OPTIMIZER_LABEL
+        step_bytes = None
         if optimizer is not None:  # the same bytes over the deciding parameters alone
+            began = tracker.live
             with stepping(optimizer, trainable) as stepped, without_inplace_arithmetic(stepped):
+                every_one = all(p.grad is not None for p in stepped)  # else it skips some
                 optimizer.step()
+            step_bytes = tracker.phase_peaks["optimizer"] - began if every_one else None
             tracker.mark(OPTIMIZER_LABEL)
         for p in trainable:
             p.grad = None
@@ -209,6 +216,7 @@ def _tracked_step(
         module_outputs=calls.outputs,
         module_output_bytes=calls.output_bytes,
         unmodelled=set(tracker.unmodelled),
+        optimizer_step_bytes=step_bytes,
     )
 
 

@@ -334,7 +334,7 @@ def test_the_lanes_start_once_the_graph_is_known(
         monkeypatch.setattr(beside, "fake_step_is_cheaper", lambda ctx, dear=dear: dear)
         reports[dear] = inspect_model(MLP, None, Options(passes=passes, isolate=True))
     # no bounds before the estimate, as for a layer kept whole that the graph cannot see into
-    monkeypatch.setattr(rough, "_every_op_shown", lambda capture: False)
+    monkeypatch.setattr(rough, "_inside_bytes", lambda capture, nodes: None)
     reports["no bounds"] = inspect_model(MLP, None, Options(passes=passes, isolate=True))
     assert starts.read_text().splitlines() == [
         "measure compile before-memory",  # one lane per spare core

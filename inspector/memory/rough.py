@@ -10,9 +10,12 @@ making temporaries of twice the gradients. ResNet-18 at
 estimated at 338 MB. Where a bound is too large for the machine, the pass waits for the
 estimate, as before.
 
-Only where the graph shows every op: a layer kept whole whose own temporaries and saved
-tensors can outgrow its inputs and outputs (an LSTM's gates, attention's weights in
-nn.MultiheadAttention, a submodule fx could not trace through) has no bound here. A graph
+Only where the graph shows every op, or layers kept whole whose inside is bounded too: an
+nn.MultiheadAttention's (its projections, the heads' scores and their softmax and dropout,
+its output's copies: `_attention_bytes`; ViT-B/16's passes beside then start with the
+graph, 0.8 s before its memory pass is done). A layer kept whole whose own temporaries and
+saved tensors can outgrow its inputs and outputs otherwise (an LSTM's gates, a submodule
+fx could not trace through) has no bound here. A graph
 of module calls (the hooks capture: detectors, models fx and export cannot trace) shows
 no op at all, but its capture ran the forward and counted every byte its ops allocated:
 that total stands in for the nodes' outputs (Mask R-CNN's passes beside then start with
@@ -71,8 +74,10 @@ def _activation_bytes(ctx: Any) -> int | None:
     shows every op, else what a hooks capture's run allocated op by op (its graph shows
     module calls only; inspector/graph/allocated.py); None where neither is known."""
     capture, totals = ctx.capture, ctx.report.totals
-    if ctx.report.nodes and totals.output_bytes and _every_op_shown(capture):
-        return totals.output_bytes  # the inputs' placeholders included
+    if ctx.report.nodes and totals.output_bytes:
+        inside = _inside_bytes(capture, ctx.report.nodes)
+        if inside is not None:
+            return totals.output_bytes + inside  # the inputs' placeholders included
     if capture is not None and capture.method == "hooks" and not capture.eval_mode:
         return capture.allocated_bytes or None
     return None
@@ -94,18 +99,57 @@ _SHOWN_WHOLE = (
 )  # fmt: skip
 
 
-def _every_op_shown(capture: Any) -> bool:
-    """Whether the captured graph has a node for every op, or only layers kept whole
-    that are as small inside as outside."""
+def _inside_bytes(capture: Any, nodes: list[Any]) -> int | None:
+    """What the layers the graph keeps whole output inside, on top of their outputs, at
+    most: nothing where the graph has a node for every op or the layer is as small inside
+    as outside; None where a layer's inside is not bounded."""
     if capture is None or capture.graph_module is None:
-        return False
+        return None
     if capture.method == "export":  # traced down to ATen ops
-        return True
+        return 0
     if capture.method != "fx" or capture.fx_leaves:  # a submodule kept whole after a failure
-        return False
-    gm = capture.graph_module
-    return all(
-        isinstance(gm.get_submodule(node.target), _SHOWN_WHOLE)
-        for node in gm.graph.nodes
-        if node.op == "call_module"
-    )
+        return None
+    gm, rows = capture.graph_module, {node.name: node for node in nodes}
+    inside = 0
+    for node in (n for n in gm.graph.nodes if n.op == "call_module"):
+        module = gm.get_submodule(node.target)
+        if isinstance(module, _SHOWN_WHOLE):
+            continue
+        row = rows.get(node.name)
+        bound = None
+        if isinstance(module, nn.MultiheadAttention) and row is not None:
+            bound = _attention_bytes(module, row.input_tensors)
+        if bound is None:
+            return None
+        inside += bound
+    return inside
+
+
+def _attention_bytes(module: nn.MultiheadAttention, inputs: list[Any]) -> int | None:
+    """What an nn.MultiheadAttention call's ops output at most, its inputs given (query,
+    key, value): the projections of all three and their copies split into heads, the
+    scores of every head, their softmax, dropout's mask and output and the weights
+    averaged over the heads (five times the scores), and the heads' output, its merged
+    copy and the output projection (three times the query's size). In elements of the
+    query's size, four bytes at least."""
+    if len(inputs) < 3 or any(len(t.shape) not in (2, 3) for t in inputs[:3]):
+        return None  # a key or value given by keyword: its size is not on the node
+    query, key = inputs[0], inputs[1]
+    if len(query.shape) != len(key.shape) or not query.shape[-1] or not key.shape[-1]:
+        return None
+    batch = 1
+    if len(query.shape) == 3:
+        batch = query.shape[0] if module.batch_first else query.shape[1]
+    queries = _numel(query.shape) // query.shape[-1]  # batch x target length
+    keys = _numel(key.shape) // key.shape[-1]  # batch x source length
+    scores = module.num_heads * queries * (keys // max(batch, 1))
+    projected = (queries + 2 * keys) * module.embed_dim
+    item = max(query.bytes // max(_numel(query.shape), 1), 4)
+    return item * (2 * projected + 5 * scores + 3 * queries * module.embed_dim)
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 HEAVY = {"vit_h_14", "vit_l_16", "vit_l_32"}  # minutes each and GBs of weights
 
@@ -82,18 +83,18 @@ def main() -> int:
 
     sys.path.insert(0, str(ROOT / "tests"))
     import zoo_models
+    from pipeline import json_child
 
     names = args.only.split(",") if args.only else [n for n in zoo_models.ZOO if n not in HEAVY]
     compared = differ = unread = 0
     spared = 0.0
     for name in names:
-        cmd = [sys.executable, __file__, "--model", name, "--optimizers", args.optimizers]
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        if out.returncode:
-            tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        try:
+            rows = json_child([__file__, "--model", name, "--optimizers", args.optimizers])
+        except subprocess.CalledProcessError as exc:
+            tail = (exc.stderr.strip().splitlines() or ["no output"])[-1]
             print(f"{name:40s} failed: {tail[:160]}", flush=True)
             continue
-        rows = json.loads(out.stdout.strip().splitlines()[-1])
         for r in rows:
             if r["analysed"] is None:  # a real copy's step, or a step that skipped some
                 unread += 1

@@ -8,25 +8,13 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from seen_ops import SeenOps
 
 from inspector.context import Inputs
 from inspector.memory import measure as measure_module
 from inspector.memory.optimizer import make_optimizer
 from inspector.memory.step import StepOptions
 from inspector.memory.warmup import allocations_only
-
-
-class _Seen(TorchDispatchMode):
-    """The ops that reach the kernels below it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def _model() -> torch.nn.Module:
@@ -102,7 +90,7 @@ def test_no_value_is_written() -> None:
     params = [torch.nn.Parameter(torch.randn(6, 4)), torch.nn.Parameter(torch.randn(4))]
     before = [p.detach().clone() for p in params]
     optimizer = make_optimizer("adamw", params)
-    with _Seen() as seen, allocations_only():  # seen: what gets past the skipping
+    with SeenOps() as seen, allocations_only():  # seen: what gets past the skipping
         copies = [p.detach().clone() for p in params]
         for p in params:
             p.grad = torch.zeros_like(p)
@@ -120,7 +108,7 @@ def test_an_update_by_a_tensor_of_another_dtype_runs() -> None:
     """Its kernel copies the other tensor to the common dtype first: not allocation-free,
     so it is not skipped."""
     target, wider, same = torch.zeros(4), torch.ones(4, dtype=torch.float64), torch.ones(4)
-    with _Seen() as seen, allocations_only():  # seen: what gets past the skipping
+    with SeenOps() as seen, allocations_only():  # seen: what gets past the skipping
         target.add_(wider)
         target.mul_(same)
     assert seen.ops == ["add_"]

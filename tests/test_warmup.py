@@ -7,24 +7,12 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from seen_ops import SeenOps
 
 from inspector.fakevalues import new_fake_mode
 from inspector.memory.optimizer import make_optimizer, state_bytes_of
 from inspector.memory.step import warm_up
 from inspector.memory.warmup import skipped_inplace_arithmetic
-
-
-class _Seen(TorchDispatchMode):
-    """The ops that reach the kernels below it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def _params() -> list[torch.nn.Parameter]:
@@ -61,7 +49,7 @@ def test_warm_up_skips_the_arithmetic_but_counts_the_step() -> None:
     with new_fake_mode():
         params = _params()
         optimizer = make_optimizer("adamw", params)
-        with _Seen() as seen:  # entered first: below the skipping mode warm_up enters
+        with SeenOps() as seen:  # entered first: below the skipping mode warm_up enters
             warm_up(optimizer, params)
         steps = [optimizer.state[p]["step"].item() for p in params]
     assert steps == [1.0, 1.0]  # the counters (constants with values) ran
@@ -95,7 +83,7 @@ def test_dtensor_parameters_skip_the_same_arithmetic_and_keep_their_shards() -> 
             optimizer = make_optimizer("adamw", params)
             for p in params:
                 p.grad = torch.zeros_like(p)
-            with _Seen() as seen, skipped_inplace_arithmetic() if skip else nullcontext():
+            with SeenOps() as seen, skipped_inplace_arithmetic() if skip else nullcontext():
                 optimizer.step()
             local = lambda t: getattr(t, "_local_tensor", t)  # noqa: E731
             states.append((_state(optimizer), state_bytes_of(optimizer, local)))
@@ -194,7 +182,7 @@ def test_a_real_warm_up_without_values_leaves_the_full_steps_state(name: str) ->
         torch.manual_seed(0)
         params = [torch.nn.Parameter(torch.randn(6, 4)), torch.nn.Parameter(torch.randn(4))]
         optimizer = make_optimizer(name, params)
-        with allocations_recorded() as events, _Seen() as seen:
+        with allocations_recorded() as events, SeenOps() as seen:
             warm_up(optimizer, params, shorten=False, values=values)
         events_in_order = sorted(_allocation_events(events()), key=lambda e: e.start_time_ns)
         # +/- bytes of the allocations and frees of tensors of 4 values and more

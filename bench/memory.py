@@ -309,7 +309,7 @@ def print_row(r: dict[str, Any]) -> None:
         f"{_err(fake.train_peak_bytes, m.train_peak_bytes)}) | "
         f"fwd {fake.forward_peak_bytes / mib:.2f} / {m.forward_peak_bytes / mib:.2f} "
         f"({_err(fake.forward_peak_bytes, m.forward_peak_bytes)}) | "
-        f"fake {r['fake_s']:.2f} s, real step {m.step_seconds:.2f} s "
+        f"fake {r['fake_s']:.2f} s, measured step {m.step_seconds:.2f} s "
         f"({m.step_seconds / r['fake_s']:.1f}x) |",
         flush=True,
     )

@@ -60,7 +60,7 @@ class Measurement:
     forward_peak_bytes: int
     saved_activation_bytes: int
     train_peak_bytes: int
-    step_seconds: float  # wall time of the measured training step
+    step_seconds: float  # wall time of the measured step (on the CPU, its optimizer allocates only)
 
 
 def relative_error(estimate: int | None, measured: int | None) -> float | None:
@@ -119,7 +119,7 @@ class OptimizerPhase:
     with_grads_bytes: int
     step_peak_bytes: int
     forward_peak_bytes: int
-    seconds: float  # the optimizer's step
+    seconds: float  # the optimizer's step, its allocations without its arithmetic
 
 
 def measure_optimizer_phase(

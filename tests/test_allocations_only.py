@@ -113,3 +113,46 @@ def test_an_update_by_a_tensor_of_another_dtype_runs() -> None:
         target.mul_(same)
     assert seen.ops == ["add_"]
     assert target.tolist() == [1.0] * 4
+
+
+class _ScaledHead(torch.nn.Module):
+    """A 0-dim weight (CLIP's `logit_scale`): its state and updates are 0-dim tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Linear(32, 4)
+        self.scale = torch.nn.Parameter(torch.tensor(2.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) * self.scale
+
+
+@pytest.mark.parametrize("name", ["adamw", "momentum"])
+def test_a_zero_dim_weights_updates_allocate_as_the_real_steps(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its momentum's update by a Python number, run through the mode, would wrap the
+    number once more than the optimizer's own call: the measured peak 8 bytes high."""
+
+    def figures() -> dict:
+        phase = measure_module.measure_optimizer_phase(
+            _ScaledHead(), _inputs(), StepOptions(optimizer=name), 4096
+        )
+        return {k: v for k, v in vars(phase).items() if k != "seconds"}
+
+    skipped = figures()
+    _real_arithmetic(monkeypatch)
+    assert skipped == figures()
+
+
+def test_the_step_counters_still_count() -> None:
+    """A 0-dim counter's `+= 1` is added by value (Adam reads it), not skipped."""
+    params = [torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.tensor(1.0))]
+    optimizer = make_optimizer("adam", params)
+    with allocations_only():
+        for _ in range(3):
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            optimizer.step()
+    assert [state["step"].item() for state in optimizer.state.values()] == [3.0, 3.0]

@@ -127,17 +127,25 @@ def skipped_inplace_arithmetic() -> Iterator[None]:
 
 
 class _SkipRealArithmetic(LeanDispatchMode):
-    """`sets_state` False: the state-setting ops are skipped too and `zeros_like` (the
-    state's and the gradients' zeros) makes an uninitialised tensor (`allocations_only`)."""
+    """`sets_state` False (`allocations_only`): the state-setting ops are skipped too,
+    `zeros_like` (the state's and the gradients' zeros) makes an uninitialised tensor, and
+    the 0-dim tensors are no exception: their updates are skipped but for a number added
+    (the step counters, whose value Adam reads), which is added without the kernel. Run
+    from here, that kernel would wrap the number in a tensor once more than the
+    optimizer's own call did: 8 bytes that the step without this mode never allocates
+    (CLIP's 0-dim `logit_scale` under momentum: its measured peak 8 bytes high)."""
 
     def __init__(self, sets_state: bool = True) -> None:
         super().__init__()
         self.kept = _SETS_STATE if sets_state else frozenset()
         self.filled = frozenset() if sets_state else _FILLED_LIKE
+        self.scalars = not sets_state
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):  # noqa: ANN204 - torch's
         kwargs = kwargs or {}
         packet = func.overloadpacket
+        if self.scalars and args and "out" not in kwargs and _scalar(args[0]):
+            return self._scalar_update(func, args, kwargs)
         if args and "out" not in kwargs and _updatable(args[0]):
             first = args[0]
             if packet in SKIPPED and packet not in self.kept and _allocation_free(args):
@@ -150,6 +158,30 @@ class _SkipRealArithmetic(LeanDispatchMode):
             if packet in self.filled:
                 return torch.empty_like(first, **_like_options(kwargs))
         return func(*args, **kwargs)
+
+    def _scalar_update(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """An op on a 0-dim floating tensor: a number added (a step counter's `+= 1`) by
+        its value, another update skipped, a denominator allocated; each making the copy
+        its kernel makes."""
+        first, packet = args[0], func.overloadpacket
+        out = first
+        if packet is _aten.add_ and len(args) == 2 and _number(args[1]):
+            first.fill_(first.item() + kwargs.get("alpha", 1) * args[1])  # no tensor made
+        elif packet in _DENOMINATOR and all(_elementwise_partner(a, first) for a in args[1:]):
+            out = torch.empty_like(first)
+        elif packet not in SKIPPED or not _allocation_free(args):
+            return func(*args, **kwargs)
+        _cast_numbers(func, args)
+        return out
+
+
+def _scalar(t: Any) -> bool:
+    """A plain real floating 0-dim tensor: a step counter, a 0-dim weight's state."""
+    return type(t) in (torch.Tensor, torch.nn.Parameter) and t.is_floating_point() and not t.dim()
+
+
+def _number(arg: Any) -> bool:
+    return isinstance(arg, int | float) and not isinstance(arg, bool)
 
 
 def _updatable(t: Any) -> bool:
@@ -186,8 +218,7 @@ def _copied_to(arg: Any, spec: Any, dtype: torch.dtype) -> bool:
     """A Python number for a tensor argument, or a 0-dim tensor of another dtype."""
     if isinstance(arg, torch.Tensor):
         return arg.dim() == 0 and arg.dtype != dtype
-    number = isinstance(arg, int | float) and not isinstance(arg, bool)
-    return number and str(spec.type) == "Tensor"
+    return _number(arg) and str(spec.type) == "Tensor"
 
 
 def _like_options(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ the graph, not 13 s later after the memory pass).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,16 +141,9 @@ def _attention_bytes(module: nn.MultiheadAttention, inputs: list[Any]) -> int | 
     batch = 1
     if len(query.shape) == 3:
         batch = query.shape[0] if module.batch_first else query.shape[1]
-    queries = _numel(query.shape) // query.shape[-1]  # batch x target length
-    keys = _numel(key.shape) // key.shape[-1]  # batch x source length
+    queries = math.prod(query.shape) // query.shape[-1]  # batch x target length
+    keys = math.prod(key.shape) // key.shape[-1]  # batch x source length
     scores = module.num_heads * queries * (keys // max(batch, 1))
     projected = (queries + 2 * keys) * module.embed_dim
-    item = max(query.bytes // max(_numel(query.shape), 1), 4)
+    item = max(query.bytes // max(math.prod(query.shape), 1), 4)
     return item * (2 * projected + 5 * scores + 3 * queries * module.embed_dim)
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for size in shape:
-        n *= size
-    return n

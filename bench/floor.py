@@ -6,26 +6,35 @@ A default report runs, for real or on fake tensors, work that torch does and we 
 call. Each piece is timed here with torch alone (no inspector code in the timed calls;
 the model and inputs are built by the inspector's loader and input spec, as the report
 builds them), the second call after a warm-up, one thread:
-- `fit`: the inputs-fit check, one eval forward without grad;
-- `measured`: the memory estimate's ground truth, one inference forward and one AdamW
-  training step (forward, the report's loss, backward, `step()`);
-- `gradients`: one forward and backward (gradient flow, per-node numerics);
-- `export`: `torch.export.export` (non-strict, the batch dim dynamic), `.module()`, and
-  one run of the program at the sample;
+- `fit`: the inputs-fit check, one eval forward without grad (the measured inference
+  forward too: the measure pass reads the one the load recorded);
+- `gradients`: one forward and backward (gradient flow, per-node numerics; the measured
+  training step's too, where they are merged: the measured optimizer step on the CPU
+  makes its allocations only, inspector/memory/warmup.py, so it is left out);
+- `export`: `torch.export.export` (non-strict, the batch dim dynamic where the inputs
+  name it, else static, as the report exports), `.module()`, and one run of the program
+  at the sample;
 - `compile`: Dynamo's trace, `torch.compile(backend="eager")`'s first call less one eval
   forward;
 - `memory`: two training steps on torch's plain FakeTensorMode (its dispatch cache
   emptied first, as for every fake piece), at the batch and at twice it (the least a
   batch-scaling estimate runs; the report runs more: the advice's verification runs,
-  the per-node forward).
-Left out, so the floor is low: loading, the graph pass, the statistics over every
-activation, the advice's runs, the exported program at the changed dims, every cost of
-our own. The floor is the pieces' sum spread over the machine's cores, and at least the
-longest piece; `floor / budget` above 1 means no report of this scope fits the budget
-here, however its passes are arranged.
+  the per-node forward); one step where the inputs name no batch dim (a zoo model's
+  `example_inputs()`).
+A piece torch cannot run alone on the model (a detector's training step needs its
+targets, its fake step the values NMS reads) is left out ("-"). Left out, so the floor
+is low: loading, the graph pass, the statistics over every activation, the advice's
+runs, the exported program at the changed dims, every cost of our own. The floor is the
+pieces' sum spread over the machine's cores, and at least the longest piece;
+`floor / budget` above 1 means no report of this scope fits the budget here, however
+its passes are arranged.
+
+A case is one of bench/pipeline.py's or a zoo model (tests/zoo_models.py, at its test
+size, built by its `example_inputs()`):
 
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python bench/floor.py
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python bench/floor.py --only resnet18,deep
+    OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python bench/floor.py --only mobilenet_v3_small
 """
 
 from __future__ import annotations
@@ -35,17 +44,19 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from pipeline import CASES, cold_import_seconds, training_step_seconds  # noqa: E402
 
-PIECES = ("fit", "measured", "gradients", "export", "compile", "memory")
+PIECES = ("fit", "gradients", "export", "compile", "memory")
 
 
 def _second(fn: Any) -> float:
@@ -60,15 +71,26 @@ def _second(fn: Any) -> float:
     return time.perf_counter() - start
 
 
-def _doubled(spec: str) -> str:
-    data = json.loads(spec)
+def _doubled(spec: str) -> str | None:
+    """The spec at twice its batch; None where it names no batch dim."""
+    data = json.loads(spec) if spec else {}
     dims = data.get("dims", {})
-    if "B" in dims:
-        dims["B"] *= 2
+    if "B" not in dims:
+        return None
+    dims["B"] *= 2
     return json.dumps(data)
 
 
-def pieces(model_ref: str, spec: str) -> dict[str, float]:
+def _alone(fn: Any) -> float | None:
+    """`_second(fn)`, None where torch cannot run the piece on this model alone."""
+    try:
+        return _second(fn)
+    except Exception as exc:  # noqa: BLE001 - the table says the piece is left out
+        print(f"piece left out: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+        return None
+
+
+def pieces(model_ref: str, spec: str) -> dict[str, float | None]:
     """Each piece's seconds for one case (see the module's docstring)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -97,28 +119,22 @@ def pieces(model_ref: str, spec: str) -> dict[str, float]:
         loss(inputs).backward()
         model.zero_grad(set_to_none=True)
 
-    optimizer = torch.optim.AdamW(model.parameters())
-
-    def train_step() -> None:
-        model.train()
-        loss(inputs).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    out: dict[str, float] = {"fit": _second(forward)}
-    out["measured"] = out["fit"] + _second(train_step)
-    out["gradients"] = _second(forward_backward)
+    doubled = _doubled(spec)
+    out: dict[str, float | None] = {"fit": _second(forward)}
+    out["gradients"] = _alone(forward_backward)
 
     def export() -> None:
         model.eval()
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         shapes = tuple({0: torch.export.Dim.AUTO} if a.dim() else {} for a in tensors)
-        shapes = shapes if len(tensors) == len(args) and not kwargs else None
+        # static where the inputs name no dim to change, as the report exports them
+        named = doubled is not None and len(tensors) == len(args) and not kwargs
+        shapes = shapes if named else None
         program = torch.export.export(model, args, kwargs, strict=False, dynamic_shapes=shapes)
         with torch.no_grad():
             program.module()(*args, **kwargs)
 
-    out["export"] = _second(export)
+    out["export"] = _alone(export)
 
     def dynamo() -> None:
         torch._dynamo.reset()
@@ -126,11 +142,12 @@ def pieces(model_ref: str, spec: str) -> dict[str, float]:
         with torch.no_grad():
             torch.compile(model, backend="eager")(*args, **kwargs)
 
-    out["compile"] = max(_second(dynamo) - out["fit"], 0.0)
-    bigger = parse_input(_doubled(spec), loaded).build()
+    traced = _alone(dynamo)
+    out["compile"] = None if traced is None else max(traced - out["fit"], 0.0)
+    batches = [inputs] + ([parse_input(doubled, loaded).build()] if doubled else [])
 
     def fake_steps() -> None:
-        for batch in (inputs, bigger):
+        for batch in batches:
             mode = FakeTensorMode(allow_non_fake_inputs=False)
             state = {
                 name: mode.from_tensor(t)
@@ -142,14 +159,25 @@ def pieces(model_ref: str, spec: str) -> dict[str, float]:
                 output = torch.func.functional_call(model, state, tuple(fake.args), fake.kwargs)
                 make_loss(output, fake, loaded.loss_fn)[0].backward()
 
-    out["memory"] = _second(fake_steps)
+    out["memory"] = _alone(fake_steps)
     return out
 
 
 def one_case(name: str, steps: int) -> dict:
-    model_ref, spec = CASES[name]
-    step = training_step_seconds(model_ref, spec, steps)
-    return {"case": name, "step_s": step, "pieces": pieces(model_ref, spec)}
+    """A bench/pipeline.py case, or a zoo model at its test size."""
+    if name in CASES:
+        model_ref, spec = CASES[name]
+        step = training_step_seconds(model_ref, spec, steps)
+        return {"case": name, "step_s": step, "pieces": pieces(model_ref, spec)}
+    import inspector  # noqa: F401 - before torchvision (zoo_models imports it)
+
+    # isort: split
+    import zoo_models
+
+    with tempfile.TemporaryDirectory() as folder:
+        model_ref = zoo_models.entry_file(name, folder)
+        step = training_step_seconds(model_ref, "", steps)
+        return {"case": name, "step_s": step, "pieces": pieces(model_ref, "")}
 
 
 def table(rows: list[dict], cores: int) -> str:
@@ -158,9 +186,9 @@ def table(rows: list[dict], cores: int) -> str:
     lines = [head, "|" + "---|" * (len(PIECES) + 6)]
     for r in rows:
         budget = max(3 * r["step_s"], 2 * r["import_s"])
-        p = r["pieces"]
+        p = {k: v for k, v in r["pieces"].items() if v is not None}
         floor = max(sum(p.values()) / cores, max(p.values()))
-        cells = " | ".join(f"{p[k]:.2f}" for k in PIECES)
+        cells = " | ".join("-" if k not in p else f"{p[k]:.2f}" for k in PIECES)
         lines.append(
             f"| {r['case']} | {r['step_s']:.3f} | {r['import_s']:.2f} | {budget:.2f} | "
             f"{cells} | {floor:.2f} | **{floor / budget:.2f}** |"
@@ -170,7 +198,9 @@ def table(rows: list[dict], cores: int) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="comma-separated cases: " + ",".join(CASES))
+    parser.add_argument(
+        "--only", help="comma-separated cases (" + ",".join(CASES) + ") or zoo models"
+    )
     parser.add_argument("--steps", type=int, default=3, help="timed training steps (median)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # the child's own case
     args = parser.parse_args()

@@ -8,7 +8,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 import torch
+from graph_helpers import inspect_ctx, make_ctx
 from torch import nn
 
 from inspector.context import Context, InputFactory, Inputs, LoadedModel, Options
@@ -118,3 +120,57 @@ def test_an_attention_softmax_is_probed_for_real_for_its_saturation() -> None:
     assert model.real_calls == 1
     [found] = ctx.results.attention_softmaxes
     assert not found.fake and found.rows == 6 and not found.scaled
+
+
+class Classifier(nn.Module):
+    """A softmax over logits, no matmul: not what an attention softmax is made of."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.real_calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if type(x) is torch.Tensor:
+            self.real_calls += 1
+        return torch.softmax(self.fc(x), dim=-1)
+
+
+@pytest.mark.parametrize(
+    ("build", "copies", "attention"), [(Scores, 0, True), (Classifier, 1, False)]
+)
+def test_a_graph_calling_softmax_and_matmul_is_probed_for_real_without_a_copy(
+    monkeypatch: pytest.MonkeyPatch, build: type, copies: int, attention: bool
+) -> None:
+    """Where fake runs are the cheap ones, the captured graph's calls decide whether the
+    fake copy is made: with a softmax and a matmul in it, the copy would find the
+    attention softmax and the real forward would follow (the same findings, one forward
+    fewer); a softmax alone gets the copy, which is enough."""
+    ctx = make_ctx(build, lambda: ((torch.randn(2, 3, 4),), {}), user_files=(USER_FILE,))
+    inspect_ctx(ctx)
+    assert probe._attention_in_graph(ctx) is attention
+    made = []
+    copy = probe._on_fake_copy
+    monkeypatch.setattr(probe, "_on_fake_copy", lambda c: made.append(1) or copy(c))
+    monkeypatch.setattr(probe, "_fake_is_cheaper", lambda c: True)
+    model = ctx.model
+    probe.run(ctx)
+    assert len(made) == copies
+    assert model.real_calls == 1 - copies  # the copy was enough for the classifier
+    if attention:
+        [found] = ctx.results.attention_softmaxes
+        assert not found.fake and found.rows == 6  # 2 x 3 rows of scores, with values
+    else:
+        assert ctx.results.attention_softmaxes == []
+
+
+def test_an_export_graphs_softmax_and_matmul_are_read_from_their_aten_names() -> None:
+    from inspector.report import Node
+
+    ctx = make_ctx(Scores, lambda: ((torch.randn(2, 3, 4),), {}), user_files=(USER_FILE,))
+    calls = ["aten.bmm.default", "aten._softmax.default", "aten.view.default"]
+    ctx.report.nodes = [Node(id=i, name=f"n{i}", op="call_function", target=t)
+                        for i, t in enumerate(calls)]  # fmt: skip
+    assert probe._attention_in_graph(ctx)
+    ctx.report.nodes = [Node(id=0, name="attn", op="call_module", target="attn")]
+    assert not probe._attention_in_graph(ctx)  # a module call says nothing of its inside

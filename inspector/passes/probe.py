@@ -42,8 +42,8 @@ __all__ = ["run", "compute", "apply", "needs", "Found"]
 
 _fake_is_cheaper = fake_step_is_cheaper  # a name of this module's: tests replace it
 
-# The calls an attention softmax is made of (inspector/health/attention.py), by the last
-# parts of a graph node's target: `softmax`, `torch.softmax`, `aten._softmax.default`.
+# The calls an attention softmax is made of (inspector/health/attention.py), as parts of
+# a graph node's dotted target: `softmax`, `torch.softmax`, `aten._softmax.default`.
 _SOFTMAXES = frozenset({"softmax", "_softmax"})
 _MATMULS = frozenset({"matmul", "bmm", "__matmul__", "einsum", "baddbmm"})
 
@@ -125,8 +125,8 @@ def needs(ctx: Context) -> int | None:
 
 def _attention_in_graph(ctx: Context) -> bool:
     """Whether the captured graph calls a softmax and a matmul: a fake copy's forward
-    would find an attention softmax there, whose saturation needs the real one. A
-    graph of module calls, or none, says nothing (False): the copy decides."""
+    would most likely find an attention softmax there, whose saturation needs the real
+    one. A graph of module calls, or none, says nothing (False): the copy decides."""
     called: set[str] = set()
     for node in ctx.report.nodes:
         if node.op in ("call_function", "call_method"):

@@ -17,10 +17,10 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from inspector.health.devices import user_caller
 
-__all__ = ["AttentionSoftmax", "AttentionRecorder", "SATURATED_PROB"]
+__all__ = ["AttentionSoftmax", "AttentionRecorder", "SATURATED_PROB", "MATMULS"]
 
 SATURATED_PROB = 0.99
-_MATMULS = frozenset({"matmul", "bmm", "__matmul__", "einsum", "baddbmm"})
+MATMULS = frozenset({"matmul", "bmm", "__matmul__", "einsum", "baddbmm"})  # make the scores
 _SCALES = frozenset({"div", "mul", "__truediv__", "__mul__", "__rmul__", "true_divide",
                      "div_", "mul_", "__itruediv__", "__imul__"})  # fmt: skip
 # Ops that pass the scores through unchanged in scale: masks, biases, views, casts.
@@ -62,7 +62,7 @@ class AttentionRecorder(TorchFunctionMode):
         out = func(*args, **kwargs)
         if not isinstance(out, torch.Tensor) or not isinstance(first, torch.Tensor):
             return out
-        if name in _MATMULS and out.dim() >= 3:
+        if name in MATMULS and out.dim() >= 3:
             operands = [a for a in args if isinstance(a, torch.Tensor)]
             prescaled = any(a in self.prescaled for a in operands)
             self.scores[out] = "scaled" if prescaled or _alpha_scales(kwargs) else "raw"

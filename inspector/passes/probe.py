@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from inspector.context import Context, Inputs
-from inspector.health.attention import AttentionRecorder, AttentionSoftmax
+from inspector.health.attention import MATMULS, AttentionRecorder, AttentionSoftmax
 from inspector.health.created import Created, creations
 from inspector.health.devices import DeviceRecorder, FixedDevice
 from inspector.health.lossops import LossCall, LossRecorder
@@ -42,10 +42,9 @@ __all__ = ["run", "compute", "apply", "needs", "Found"]
 
 _fake_is_cheaper = fake_step_is_cheaper  # a name of this module's: tests replace it
 
-# The calls an attention softmax is made of (inspector/health/attention.py), as parts of
-# a graph node's dotted target: `softmax`, `torch.softmax`, `aten._softmax.default`.
+# The softmax of an attention softmax (its matmuls: inspector/health/attention.py), as
+# parts of a graph node's dotted target: `softmax`, `torch.softmax`, `aten._softmax.default`.
 _SOFTMAXES = frozenset({"softmax", "_softmax"})
-_MATMULS = frozenset({"matmul", "bmm", "__matmul__", "einsum", "baddbmm"})
 
 
 @dataclass
@@ -131,7 +130,7 @@ def _attention_in_graph(ctx: Context) -> bool:
     for node in ctx.report.nodes:
         if node.op in ("call_function", "call_method"):
             called.update(node.target.split("."))
-    return not called.isdisjoint(_SOFTMAXES) and not called.isdisjoint(_MATMULS)
+    return not called.isdisjoint(_SOFTMAXES) and not called.isdisjoint(MATMULS)
 
 
 def _on_fake_copy(ctx: Context) -> _Probe | None:

@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from pipeline import CASES, cold_import_seconds, training_step_seconds  # noqa: E402
+from pipeline import CASES, case_source, cold_import_seconds, training_step_seconds  # noqa: E402
 
 PIECES = ("fit", "gradients", "export", "compile", "memory")
 
@@ -165,19 +165,10 @@ def pieces(model_ref: str, spec: str) -> dict[str, float | None]:
 
 def one_case(name: str, steps: int) -> dict:
     """A bench/pipeline.py case, or a zoo model at its test size."""
-    if name in CASES:
-        model_ref, spec = CASES[name]
-        step = training_step_seconds(model_ref, spec, steps)
-        return {"case": name, "step_s": step, "pieces": pieces(model_ref, spec)}
-    import inspector  # noqa: F401 - before torchvision (zoo_models imports it)
-
-    # isort: split
-    import zoo_models
-
     with tempfile.TemporaryDirectory() as folder:
-        model_ref = zoo_models.entry_file(name, folder)
-        step = training_step_seconds(model_ref, "", steps)
-        return {"case": name, "step_s": step, "pieces": pieces(model_ref, "")}
+        model_ref, spec = case_source(name, folder)
+        step = training_step_seconds(model_ref, spec or "", steps)
+        return {"case": name, "step_s": step, "pieces": pieces(model_ref, spec or "")}
 
 
 def table(rows: list[dict], cores: int) -> str:

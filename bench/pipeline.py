@@ -62,6 +62,20 @@ CASES: dict[str, tuple[str, str]] = {
 }
 
 
+def case_source(name: str, folder: str) -> tuple[str, str | None]:
+    """(model reference, input spec) of one of CASES, or of a zoo model (tests/
+    zoo_models.py, on the path) written into `folder`, its spec None: its
+    `example_inputs()` at its test size."""
+    if name in CASES:
+        return CASES[name]
+    import inspector  # noqa: F401 - before torchvision (zoo_models imports it)
+
+    # isort: split
+    import zoo_models
+
+    return zoo_models.entry_file(name, folder), None
+
+
 def training_step_seconds(model_ref: str, spec: str, steps: int) -> float:
     """Median seconds of one real AdamW step (forward, default loss, backward, step)."""
     import torch

@@ -59,16 +59,6 @@ def _instrument(log: Path, start: list[float]) -> None:
     analyze.capture_graph = _timed(log, start, "capture", analyze.capture_graph)
 
 
-def _source(name: str, folder: str) -> tuple[str, str | None]:
-    from pipeline import CASES
-
-    if name in CASES:
-        return CASES[name]
-    import zoo_models
-
-    return zoo_models.entry_file(name, folder), None
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a bench/pipeline.py case or a zoo model's name")
@@ -80,14 +70,14 @@ def main() -> int:
     import inspector  # noqa: F401 - before torchvision: its C++ ops are replaced
 
     torch.set_num_threads(1)
-    from pipeline import training_step_seconds, warm_as_zygote
+    from pipeline import case_source, training_step_seconds, warm_as_zygote
 
     from inspector.analyze import inspect_model
     from inspector.context import Options
 
     with tempfile.TemporaryDirectory() as folder:
         warm_as_zygote(Path(folder))
-        source, spec = _source(args.model, folder)
+        source, spec = case_source(args.model, folder)
         step = training_step_seconds(source, spec or "", 3)
         print(f"{args.model}: one real training step {step:.3f} s (median of 3)")
         log, start = Path(folder) / "timeline.jsonl", [0.0]

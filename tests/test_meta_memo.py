@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inspector.graph.metamemo import MetaMemo
+from inspector.graph.metamemo import MetaMemo, writes_self_only
 
 
 def _meta(*shape: int, channels_last: bool = False) -> torch.Tensor:
@@ -56,6 +56,41 @@ def test_ops_that_write_or_alias_are_not_memoised() -> None:
     assert memo.hits == 1  # relu's second call only
     assert view.stride() == (1, 4)
     assert len(memo.outputs) == 1
+
+
+def test_an_inplace_activation_returns_its_input_without_its_kernel() -> None:
+    """hardswish_ runs as a Python decomposition on meta (7 ms a call): not run at all."""
+    x, ints = _meta(2, 8, 5, 5), torch.empty(2, 3, dtype=torch.int64, device="meta")
+    with MetaMemo() as memo:
+        out = nn.functional.hardswish(x, inplace=True)
+        same = ints.relu_()  # an integer tensor: its kernel says what it allows
+    assert out is x and same is ints
+    assert memo.in_place == 1 and memo.hits == 0
+
+
+def test_which_inplace_ops_only_return_their_input() -> None:
+    aten = torch.ops.aten
+    assert writes_self_only(aten.relu_.default) and writes_self_only(aten.hardswish_.default)
+    assert writes_self_only(aten.fill_.Scalar) and writes_self_only(aten.clamp_.default)
+    assert not writes_self_only(aten.add_.Tensor)  # another tensor: it may not broadcast
+    assert not writes_self_only(aten.transpose_.default)  # restrides its input
+    assert not writes_self_only(aten.resize_.default)
+    assert not writes_self_only(aten.bitwise_and_.Scalar)  # refused on float tensors
+    assert not writes_self_only(aten.relu.default)  # out of place
+
+
+def test_batch_norm_in_training_runs_once_per_shape() -> None:
+    """native_batch_norm also updates its running statistics in place: on meta that
+    changes nothing, so its outputs follow from its inputs as any new tensor's."""
+    bn = nn.BatchNorm2d(8).to("meta").train()
+    x = _meta(2, 8, 5, 5, channels_last=True)
+    plain = [_described(bn(x)) for _ in range(2)]
+    with MetaMemo() as memo:
+        memoised = [_described(bn(x)) for _ in range(2)]
+    assert memoised == plain
+    assert plain[0] == ((2, 8, 5, 5), (200, 1, 40, 8), torch.float32, "meta")
+    assert memo.hits == 2  # the second call: batch norm and the empty it follows
+    assert _described(bn.running_mean) == ((8,), (1,), torch.float32, "meta")
 
 
 def test_a_tuple_of_outputs_comes_back_whole() -> None:

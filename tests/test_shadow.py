@@ -29,6 +29,38 @@ def test_tensor_attributes_finds_lists_and_plain_attributes() -> None:
     assert [tuple(t.shape) for t in found] == [(3, 4), (2, 4), ()]
 
 
+class Varied(nn.Module):
+    """Attributes of every kind a module holds: flags, sizes, dtypes, empty and full
+    containers, a tensor in a dict of lists and in a tuple."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(2, 2)
+        self.flag, self.size, self.eps, self.name = True, 3, 1e-5, "x"
+        self.dtype, self.device, self.nothing = torch.float32, torch.device("cpu"), None
+        self.empty_list, self.empty_dict, self.empty_tuple = [], {}, ()
+        self.table = {"a": [torch.zeros(1), 2], "b": (torch.ones(2),)}
+        self.pair = (torch.zeros(3), "y")
+
+
+def test_tensor_attributes_skips_nothing_that_holds_a_tensor() -> None:
+    """The same tensors, in the same order, as flattening every attribute finds."""
+    from torch.utils._pytree import tree_flatten
+
+    model = Varied()
+    flattened = [
+        t
+        for module in model.modules()
+        for name, value in vars(module).items()
+        if name not in ("_parameters", "_buffers", "_modules")
+        for t in tree_flatten(value)[0]
+        if isinstance(t, torch.Tensor)
+    ]
+    found = tensor_attributes(model)
+    assert [tuple(t.shape) for t in found] == [(1,), (2,), (3,)]
+    assert all(a is b for a, b in zip(found, flattened, strict=True))
+
+
 def test_shadow_fakes_plain_attributes_and_keeps_the_mode() -> None:
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode:

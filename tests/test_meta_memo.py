@@ -117,3 +117,27 @@ def test_an_ops_arguments_flatten_one_list_deep_into_a_hashable_structure():
     assert flat_arguments((x, [2], 3, 1.0), {"dim": (0,), "out": None})[0] != structure
     assert flat_arguments((x, [[2, 3]]), {}) is None  # deeper than aten's lists
     assert flat_arguments((x, {"a": 1}), {}) is None
+
+
+def test_meta_runs_in_one_graph_pass_share_their_answers(monkeypatch) -> None:  # noqa: ANN001
+    """The graph pass runs the model on meta more than once (the leaves' insides, other
+    dims): the second run is answered from the first one's memo."""
+    import inspector.graph.metamemo as metamemo
+    from inspector.graph.metarun import meta_answers_shared, run_on_meta
+
+    block = [nn.LayerNorm(16), nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)]
+    model = nn.Sequential(*[nn.Sequential(*block) for _ in range(3)])
+    x = _meta(4, 16)
+    answered = []
+    fresh = metamemo._fresh
+    monkeypatch.setattr(metamemo, "_fresh", lambda known: answered.append(1) or fresh(known))
+    outs = []
+    with meta_answers_shared():
+        for _ in range(2):
+            outs.append(_described(run_on_meta(model, lambda: model(x))))
+    assert outs[0] == outs[1] == ((4, 16), (16, 1), torch.float32, "meta")
+    # the first run: blocks 2 and 3 (4 kernels each); the second: all three blocks
+    assert len(answered) == 2 * 4 + 3 * 4
+    answered.clear()
+    run_on_meta(model, lambda: model(x))  # outside: a memo of its own
+    assert len(answered) == 2 * 4

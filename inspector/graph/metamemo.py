@@ -30,12 +30,16 @@ _DATA_DEPENDENT = {
     if hasattr(torch.Tag, name)
 }
 _Spec = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]
+_Answer = tuple[bool, tuple[_Spec, ...]]  # (one tensor?, each output's metadata)
 
 
 class MetaMemo(LeanDispatchMode):
-    def __init__(self) -> None:
+    """`outputs`: the answers of an earlier memo to go on from (its keys hold every
+    argument's metadata: an answer stands wherever the op meets the same)."""
+
+    def __init__(self, outputs: dict[tuple, _Answer] | None = None) -> None:
         super().__init__()
-        self.outputs: dict[tuple, tuple[bool, tuple[_Spec, ...]]] = {}
+        self.outputs: dict[tuple, _Answer] = {} if outputs is None else outputs
         self.hits = 0
         self.in_place = 0  # in-place writes answered with their input (`writes_self_only`)
 

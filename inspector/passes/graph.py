@@ -21,6 +21,7 @@ from inspector.graph.backward import measure_backward
 from inspector.graph.exportcapture import export_graph
 from inspector.graph.guidedfx import changed_decision
 from inspector.graph.leafinside import fill_leaf_insides
+from inspector.graph.metarun import meta_answers_shared
 from inspector.graph.modules import build_modules, module_calls
 from inspector.graph.params import ParamTable, param_table
 from inspector.graph.records import NodeRecord, user_location_from_stack
@@ -36,6 +37,11 @@ __all__ = ["run"]
 
 
 def run(ctx: Context) -> None:
+    with meta_answers_shared():  # the meta runs below meet the same kernels
+        _run(ctx)
+
+
+def _run(ctx: Context) -> None:
     records = _main_records(ctx)
     _symbolic(ctx, records)
     types = {p: type(m).__name__ for p, m in ctx.model.named_modules()}

@@ -4,6 +4,10 @@ GPT-2 small against one real forward.
 
     PYTHONPATH=. .venv/bin/python bench/core.py            # full sizes
     PYTHONPATH=. .venv/bin/python bench/core.py --quick    # small sizes, a smoke test
+    PYTHONPATH=. .venv/bin/python bench/core.py --zoo mobilenet_v3_small,efficientnet_b0
+
+`--zoo` takes zoo models (tests/zoo_models.py) at their test sizes instead, torchinfo
+given the same inputs (a model torchinfo cannot summarise shows "-").
 """
 
 from __future__ import annotations
@@ -85,26 +89,46 @@ def cases(quick: bool) -> list[tuple[str, Callable, Callable, dict]]:
     ]
 
 
-def versus_torchinfo(quick: bool, repeats: int) -> list[str]:
+def zoo_cases(names: list[str]) -> list[tuple[str, Callable, Callable, dict]]:
+    import inspector  # noqa: F401 - before torchvision: its C++ ops are replaced
+
+    # isort: split
+    import zoo_models
+
+    cases = []
+    for name in names:
+        entry = zoo_models.ZOO[name]
+        cases.append((name, entry.build, lambda inputs=entry.inputs, **_: inputs(), {}))
+    return cases
+
+
+def _summary_seconds(model: torch.nn.Module, args: tuple, kwargs: dict) -> float:
+    data = kwargs if kwargs else list(args)
+    try:
+        return best_of(1, partial(summary, model, data))
+    except Exception:  # noqa: BLE001 - torchinfo cannot run every model
+        return float("nan")
+
+
+def versus_torchinfo(
+    quick: bool, repeats: int, chosen: list[tuple[str, Callable, Callable, dict]] | None = None
+) -> list[str]:
     lines = [
         "| model | capture | core (s) | of which capture (s) | torchinfo (s) | core / torchinfo |",
         "|---|---|---:|---:|---:|---:|",
     ]
-    for name, build, make_inputs, dims in cases(quick):
+    for name, build, make_inputs, dims in chosen or cases(quick):
         model = build()
         args, kwargs = make_inputs(**dims)
-        data = kwargs if kwargs else list(args)
         ours, theirs, capture, method = float("inf"), float("inf"), 0.0, ""
         big = "1024" in name or "[32," in name
         for _ in range(1 if big else repeats):  # interleaved: a busy moment hits both
             total, cap, method = core_parts(build, make_inputs, dims)
             if total < ours:
                 ours, capture = total, cap
-            theirs = min(theirs, best_of(1, partial(summary, model, data)))
-        lines.append(
-            f"| {name} | {method} | {ours:.3f} | {capture:.3f} | {theirs:.3f} "
-            f"| {ours / theirs:.2f}x |"
-        )
+            theirs = min(theirs, _summary_seconds(model, args, kwargs))
+        ratio = "-" if theirs != theirs else f"{ours / theirs:.2f}x"  # NaN: not summarised
+        lines.append(f"| {name} | {method} | {ours:.3f} | {capture:.3f} | {theirs:.3f} | {ratio} |")
         print(lines[-1], flush=True)
     return lines
 
@@ -129,12 +153,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--zoo", help="comma-separated zoo models instead of the cases")
     opts = parser.parse_args()
     torch.manual_seed(0)
     # warm-up: first use of fx, export and fake tensors pays one-time import/caching costs
     core(models.MLP, lambda B: ((torch.randn(B, 784),), {}), {"B": 2})
     core(models.MLP, lambda B: ((torch.randn(B, 784),), {}), {"B": 2}, fake=True)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    if opts.zoo:
+        versus_torchinfo(opts.quick, opts.repeats, zoo_cases(opts.zoo.split(",")))
+        return
     versus_torchinfo(opts.quick, opts.repeats)
     fake_versus_real(opts.quick)
 

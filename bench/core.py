@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -127,7 +128,7 @@ def versus_torchinfo(
             if total < ours:
                 ours, capture = total, cap
             theirs = min(theirs, _summary_seconds(model, args, kwargs))
-        ratio = "-" if theirs != theirs else f"{ours / theirs:.2f}x"  # NaN: not summarised
+        ratio = "-" if math.isnan(theirs) else f"{ours / theirs:.2f}x"  # not summarised
         lines.append(f"| {name} | {method} | {ours:.3f} | {capture:.3f} | {theirs:.3f} | {ratio} |")
         print(lines[-1], flush=True)
     return lines

@@ -11,6 +11,7 @@ tensors of the same shape, strides and dtype, which is all a meta tensor has.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -67,19 +68,13 @@ class MetaMemo(LeanDispatchMode):
         return out
 
 
+@functools.cache
 def writes_self_only(func: Any) -> bool:
     """Whether `func` writes its first argument, a tensor, in place and returns it, with
     no other tensor argument and no change to its shape or strides (`hardswish_`,
     `relu_`, `fill_`): on meta tensors such an op only returns its input. Torch runs
     several as Python decompositions (an out-of-place op copied back): 7 ms a
     `hardswish_` call on meta, MobileNetV3's 19 calls a third of its graph pass."""
-    known = _WRITES_SELF.get(func)
-    if known is None:
-        known = _WRITES_SELF[func] = _writes_self_only(func)
-    return known
-
-
-def _writes_self_only(func: Any) -> bool:
     if not isinstance(func, torch._ops.OpOverload) or _INPLACE_VIEW in func.tags:
         return False
     schema, name = func._schema, func._schema.name
@@ -99,34 +94,21 @@ def _plain_float_meta(t: Any) -> bool:
     return type(t) is torch.Tensor and t.device.type == "meta" and t.is_floating_point()
 
 
+@functools.cache
 def _makes_new_tensors_on_meta(func: Any) -> tuple[bool, tuple[int, ...]]:
     """Whether `func` returns only new tensors on meta, and the positions of the
     arguments it writes: an op that also updates an argument in place (`native_batch_norm`
     its running statistics) changes no metadata of a meta tensor, so its outputs follow
     from its inputs all the same (checked on each first call)."""
-    known = _NEW_ON_META.get(func)
-    if known is None:
-        known = _NEW_ON_META[func] = _new_on_meta(func)
-    return known
-
-
-def _new_on_meta(func: Any) -> tuple[bool, tuple[int, ...]]:
     if makes_new_tensors(func):
         return True, ()
-    if not isinstance(func, torch._ops.OpOverload) or _INPLACE_VIEW in func.tags:
+    if not _returns_only_new(func) or _INPLACE_VIEW in func.tags:
         return False, ()
-    schema = func._schema
-    returns_new = bool(schema.returns) and all(
-        r.alias_info is None and str(r.type) == "Tensor" for r in schema.returns
-    )
-    if not returns_new or _DATA_DEPENDENT & set(func.tags):
-        return False, ()
+    arguments = func._schema.arguments
     writes = tuple(
-        i
-        for i, a in enumerate(schema.arguments)
-        if a.alias_info is not None and a.alias_info.is_write
+        i for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write
     )
-    tensors = all(str(schema.arguments[i].type) in ("Tensor", "Optional[Tensor]") for i in writes)
+    tensors = all(str(arguments[i].type) in ("Tensor", "Optional[Tensor]") for i in writes)
     return bool(writes) and tensors, writes
 
 
@@ -144,19 +126,21 @@ def makes_new_tensors(func: Any) -> bool:
         return False
     known = _NEW_TENSORS.get(func)
     if known is None:
-        schema = func._schema
-        known = _NEW_TENSORS[func] = (
-            not schema.is_mutable
-            and bool(schema.returns)
-            and all(r.alias_info is None and str(r.type) == "Tensor" for r in schema.returns)
-            and not _DATA_DEPENDENT & set(func.tags)
-        )
+        known = _NEW_TENSORS[func] = not func._schema.is_mutable and _returns_only_new(func)
     return known
 
 
+def _returns_only_new(func: Any) -> bool:
+    """Whether an op's schema returns only new tensors (no alias of an argument), and no
+    tag says their shape depends on data."""
+    if not isinstance(func, torch._ops.OpOverload):
+        return False
+    returns = func._schema.returns
+    fresh = all(r.alias_info is None and str(r.type) == "Tensor" for r in returns)
+    return bool(returns) and fresh and not _DATA_DEPENDENT & set(func.tags)
+
+
 _NEW_TENSORS: dict[Any, bool] = {}  # op -> whether it only makes new tensors (its schema)
-_WRITES_SELF: dict[Any, bool] = {}  # op -> `writes_self_only`
-_NEW_ON_META: dict[Any, tuple[bool, tuple[int, ...]]] = {}  # op -> `_makes_new_tensors_on_meta`
 _INPLACE_VIEW = getattr(torch.Tag, "inplace_view", None)
 
 

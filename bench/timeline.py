@@ -2,7 +2,9 @@
 every pass a lane beside it computes (inspector/beside.py), with its start and end from
 the report's start, its process and its CPU seconds; the report's wall time against three
 of the model's real training steps measured in the same process (issue #17's budget, the
-cold import aside).
+cold import aside), and the stages' CPU seconds summed: the work the report did, which on
+two cores bounds its wall from below at about half of it (not counted: a forked worker's
+own runs inside a stage, as the memory pass's `side_by_side`).
 
 For one of bench/pipeline.py's cases or a zoo model (tests/zoo_models.py), warmed as the
 service's zygote warms (bench/pipeline.py --warm), one thread, passes forked as the
@@ -89,7 +91,11 @@ def main() -> int:
             wall = time.perf_counter() - start[0]
             rows = sorted((json.loads(line) for line in log.read_text().splitlines()), key=_at)
             pids = sorted({row[1] for row in rows})
-            print(f"report {n + 1}: {wall:.2f} s, {wall / (3 * step):.2f} of three steps")
+            cpu_total = sum(row[4] for row in rows)
+            print(
+                f"report {n + 1}: {wall:.2f} s, {wall / (3 * step):.2f} of three steps; "
+                f"CPU {cpu_total:.2f} s in the stages below"
+            )
             for name, pid, begun, ended, cpu in rows:
                 if ended - begun >= 0.005:
                     print(

@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     job_stale_after_s: float = 60.0  # no heartbeat for this long: its worker is gone
     job_nice: int = 10  # job children run this much nicer (0-19): web requests go first
     job_sched_idle: bool = False  # job children in SCHED_IDLE: the CPU only when it is idle
+    # a job child's intra-op threads; unset: one on up to 4 cores, else the cores up to 8
+    job_threads: int | None = None
     # zygote: children forked from a sandboxed process that has torch imported (one per
     # consumer thread, started ahead); fresh: a new sandboxed interpreter per job.
     job_launch: Literal["zygote", "fresh"] = "zygote"
@@ -165,6 +167,8 @@ def _refuse_unsafe(settings: Settings) -> None:
         problems.append("INSPECTOR_READ_CACHE_BYTES must be 0 (off) or more")
     if not 0 <= settings.job_nice <= 19:
         problems.append("INSPECTOR_JOB_NICE must be 0 (off) to 19 (lowest priority)")
+    if settings.job_threads is not None and settings.job_threads < 1:
+        problems.append("INSPECTOR_JOB_THREADS must be 1 or more (unset: chosen by the cores)")
     if settings.upload_rate_per_minute < 0:
         problems.append("INSPECTOR_UPLOAD_RATE_PER_MINUTE must be 0 (no limit) or more")
     positive = ("max_upload_bytes", "max_zip_files", "max_zip_uncompressed_bytes", "job_timeout_s")

@@ -1,9 +1,13 @@
 """The watchdog's order of checks on a real process tree: processes are counted before any
 memory is read, so a fork bomb is stopped at its count however large it has grown (reading
-thousands of processes' memory let a root job's bomb outgrow the watchdog)."""
+thousands of processes' memory let a root job's bomb outgrow the watchdog). And what its
+memory reads cost the job it watches: the walk of every mapping only where the resident
+sizes summed pass the limit, or once in twenty times its own cost."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import subprocess
 import sys
 import time
@@ -13,7 +17,7 @@ import pytest
 
 from server.sandbox import runner
 from server.sandbox.limits import Limits
-from server.sandbox.procs import kill_tree, tree_pids
+from server.sandbox.procs import kill_tree, tree_memory, tree_pids, tree_resident_bound
 from server.sandbox.runner import Watch
 
 SLEEPERS = (
@@ -61,3 +65,45 @@ def test_a_tree_within_its_process_limit_has_its_memory_read(tree, tmp_path):
     assert watch.breach(tree) is None
     # three Python processes: a few MiB each at least, shared pages counted once
     assert watch.peak_procs == 3 and watch.peak_rss > 3 * 2**20
+
+
+@pytest.mark.parametrize("tree", [3], indirect=True)
+def test_the_resident_bound_is_never_below_the_proportional_size(tree):
+    pids = tree_pids(tree)
+    bound, used = tree_resident_bound(pids), tree_memory(pids)
+    # four Python processes sharing the parent's pages: each counted in every sharer
+    assert bound >= used > 4 * 2**20
+    statm = sum(int(Path(f"/proc/{p}/statm").read_text().split()[1]) for p in pids)
+    assert abs(bound - statm * os.sysconf("SC_PAGE_SIZE")) <= 64 * 4096  # pages move
+
+
+@pytest.mark.parametrize("tree", [2], indirect=True)
+def test_memory_is_read_at_most_once_in_twenty_times_its_cost(tree, tmp_path, monkeypatch):
+    reads = []
+
+    def slow_read(pids):  # a read that takes 0.05 s: the next one 1 s later at the soonest
+        reads.append(time.monotonic())
+        time.sleep(0.05)
+        return 2**20
+
+    monkeypatch.setattr(runner, "tree_memory", slow_read)
+    watch = _watch(max_procs=3, tmp_path=tmp_path)
+    stop = time.monotonic() + 1.5
+    while time.monotonic() < stop:
+        assert watch.breach(tree) is None
+        time.sleep(0.01)
+    assert len(reads) == 2  # at the start, then once 1 s (20 x 0.05) later
+    assert reads[1] - reads[0] >= runner.MEMORY_READ_EVERY * 0.05
+    assert watch.peak_rss == 2**20
+
+
+@pytest.mark.parametrize("tree", [2], indirect=True)
+def test_a_tree_past_its_memory_limit_is_read_at_once(tree, tmp_path, monkeypatch):
+    watch = _watch(max_procs=3, tmp_path=tmp_path)
+    assert watch.breach(tree) is None  # a read: the next one not due for a while
+    watch.next_memory_read = time.monotonic() + 3600
+    used = tree_memory(tree_pids(tree))
+    # a limit under what the tree uses: its resident bound is past it too, so it is read now
+    watch.limits = dataclasses.replace(watch.limits, memory_bytes=used // 2)
+    status, reason = watch.breach(tree)
+    assert status == "out_of_memory" and "memory limit" in reason

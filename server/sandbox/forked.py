@@ -19,7 +19,8 @@ from server.sandbox.limits import Limits, rlimit_values
 from server.sandbox.output import CappedStream
 from server.sandbox.procs import kill_tree
 from server.sandbox.runner import Outcome, Watch, cgroup_memory, disk_usage, name_ending
-from server.sandbox.zygote import Zygote, ZygoteError, job_threads
+from server.sandbox.threads import job_threads
+from server.sandbox.zygote import Zygote, ZygoteError
 
 __all__ = ["run_forked"]
 
@@ -48,11 +49,11 @@ def run_forked(
             cgroup.remove()
 
 
-def _request(job_dir: Path, limits: Limits, readonly: tuple[str, ...]) -> dict:
+def _request(job_dir: Path, limits: Limits, readonly: tuple[str, ...], gpu: bool) -> dict:
     rlimits = {name: list(pair) for name, pair in rlimit_values(limits).items()}
     return {
         "job": job_dir.name, "readonly": list(readonly), "tmp_bytes": limits.tmp_bytes,
-        "rlimits": rlimits, "threads": job_threads(),
+        "rlimits": rlimits, "threads": job_threads(limits.threads, gpu=gpu),
     }  # fmt: skip
 
 
@@ -62,7 +63,7 @@ def _run(zygote, job_dir, limits, readonly, on_tick, should_stop, cgroup) -> Out
     err_read, err_write = os.pipe()
     started_at, start = time.time(), time.monotonic()
     try:
-        zygote.send(_request(job_dir, limits, readonly), (out_write, err_write))
+        zygote.send(_request(job_dir, limits, readonly, zygote.gpu), (out_write, err_write))
     except ZygoteError:
         os.close(out_read)
         os.close(err_read)

@@ -41,6 +41,7 @@ class Limits:
     nice: int = 10  # added to the worker's CPU niceness: web requests on the host go first
     sched_idle: bool = False  # SCHED_IDLE: the CPU only when nothing else on the host wants it
     poll_s: float = 0.1
+    threads: int | None = None  # a job child's intra-op threads; None: by the cores (threads.py)
 
     @classmethod
     def from_settings(cls, settings: Any, *, cuda: bool = False) -> Limits:
@@ -55,6 +56,7 @@ class Limits:
             address_space=not cuda,
             nice=int(getattr(settings, "job_nice", cls.nice)),
             sched_idle=bool(getattr(settings, "job_sched_idle", cls.sched_idle)),
+            threads=getattr(settings, "job_threads", None),
         )
 
 

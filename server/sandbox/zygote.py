@@ -26,19 +26,15 @@ from server.sandbox.limits import Limits, priority_prefix
 from server.sandbox.output import CappedStream
 from server.sandbox.procs import kill_tree, ns_pids, tree_pids
 from server.sandbox.seccomp import seccomp_fd
+from server.sandbox.threads import job_threads
 
-__all__ = ["Zygote", "ZygoteError", "job_threads"]
+__all__ = ["Zygote", "ZygoteError"]
 
 STDERR_KEEP_BYTES = 16 * 1024
 
 
 class ZygoteError(RuntimeError):
     """The zygote cannot serve (did not get ready, died, answered nonsense)."""
-
-
-def job_threads() -> int:
-    """Intra-op threads of a job child (OMP_NUM_THREADS), fresh or forked."""
-    return max(1, min(os.cpu_count() or 1, 8))
 
 
 @dataclass(eq=False)
@@ -60,7 +56,7 @@ class Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         setup_fd, job_fd = seccomp_fd(zygote=True), seccomp_fd()
         try:
-            env = child_env(inspector_root(), threads=job_threads())
+            env = child_env(inspector_root(), threads=job_threads(limits.threads, gpu=gpu))
             env["OPENBLAS_NUM_THREADS"] = "1"  # numpy's BLAS pool would be a thread at fork
             env[MEMORY_ENV] = str(limits.memory_bytes)  # what runs beside the passes fits in it
             command = [sys.executable, "-m", "inspector.zygote", str(theirs.fileno()), str(job_fd)]

@@ -56,30 +56,35 @@ ANALYSIS_STAGES = ("load", "capture", "graph", "memory", "gradients", "numerics"
                    "export", "serving", "findings")  # fmt: skip
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def start_server(data_dir: Path, launch: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "INSPECTOR_DATA_DIR": str(data_dir)}
     env["INSPECTOR_DEVICE"] = "cpu"
     env["INSPECTOR_JOB_LAUNCH"] = launch
     code = f"from server.cli_commands import serve; raise SystemExit(serve('127.0.0.1', {port}))"
     log = open(data_dir.parent / "serve.log", "wb")  # noqa: SIM115 - lives with the server
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=log, stderr=log)
+    return proc, healthy(proc, port, data_dir.parent / "serve.log")
+
+
+def healthy(proc: subprocess.Popen, port: int, log: Path) -> str:
+    """The server's URL once `/healthz` answers (90 s at most; else it is killed)."""
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return proc, url
+                return url
         except httpx.TransportError:
             time.sleep(0.1)
     proc.kill()
-    raise SystemExit(f"the server did not start; see {data_dir.parent / 'serve.log'}")
+    raise SystemExit(f"the server did not start; see {log}")
 
 
 def one_job(client: httpx.Client, url: str) -> dict[str, float]:

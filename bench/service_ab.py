@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,10 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from service import free_port, healthy  # noqa: E402
+
 MLP = b"""
 import torch
 from torch import nn
@@ -61,30 +64,15 @@ CASES = {
 }  # fmt: skip
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(tree: Path, data_dir: Path, extra: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("INSPECTOR_")}
     env.update(extra)
     env.update(PYTHONPATH=str(tree), INSPECTOR_DATA_DIR=str(data_dir), INSPECTOR_DEVICE="cpu")
     code = f"from server.cli_commands import serve; raise SystemExit(serve('127.0.0.1', {port}))"
     log = open(data_dir.parent / "serve.log", "wb")  # noqa: SIM115 - lives with the server
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=tree, stdout=log, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit(f"the server did not start; see {data_dir.parent / 'serve.log'}")
+    return proc, healthy(proc, port, data_dir.parent / "serve.log")
 
 
 def one_upload(client: httpx.Client, url: str, case: str) -> tuple[float, float]:

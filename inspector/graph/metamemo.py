@@ -119,15 +119,11 @@ def _described(x: Any) -> Any:
     return tuple(x.shape), x.stride(), x.dtype, x.storage_offset(), type(x), x.device
 
 
+@functools.cache
 def makes_new_tensors(func: Any) -> bool:
     """Whether `func`'s schema writes nothing and returns only new tensors, and no tag says
     its output shape depends on data."""
-    if not isinstance(func, torch._ops.OpOverload):
-        return False
-    known = _NEW_TENSORS.get(func)
-    if known is None:
-        known = _NEW_TENSORS[func] = not func._schema.is_mutable and _returns_only_new(func)
-    return known
+    return _returns_only_new(func) and not func._schema.is_mutable
 
 
 def _returns_only_new(func: Any) -> bool:
@@ -140,7 +136,6 @@ def _returns_only_new(func: Any) -> bool:
     return bool(returns) and fresh and not _DATA_DEPENDENT & set(func.tags)
 
 
-_NEW_TENSORS: dict[Any, bool] = {}  # op -> whether it only makes new tensors (its schema)
 _INPLACE_VIEW = getattr(torch.Tag, "inplace_view", None)
 
 

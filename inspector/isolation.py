@@ -211,7 +211,7 @@ def _hold_line(
         if name in line.started:  # it ran beside the passes since its inputs were done
             notify(name, percent)
             started = line.started.pop(name)
-            beside.take_over(ctx, started, line.started, line.besides)
+            beside.take_over(ctx, name, started, line.started, line.besides)
             with line.timed(name):
                 status = beside.collect(ctx, started, line.besides[name])
             if started.taken_over:  # its time was the line's: timed as its own, in its place

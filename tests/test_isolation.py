@@ -241,9 +241,9 @@ def test_passes_beside_give_the_report_in_order(
         forked = inspect_model(MLP, None, Options(passes=passes, isolate=True))
     finally:
         torch.set_num_threads(threads)
-    if _two_cores():  # in the order they are collected, in a lane for each spare core
+    if _two_cores():  # the dearest first, in a lane for each spare core
         # (real runs the dear ones, as the rule is told here)
-        assert marks.read_text().split() == ["export", "measure", "probe", "compile"]
+        assert marks.read_text().split() == ["compile", "export", "probe", "measure"]
         assert len(marks.read_text().splitlines()) == min(4, _workers(8) - 1)
     assert forked.memory.measured is not None
     assert forked.export.targets[0].ok and forked.export.targets[0].checked
@@ -337,11 +337,11 @@ def test_the_lanes_start_once_the_graph_is_known(
     monkeypatch.setattr(rough, "_inside_bytes", lambda capture, nodes: None)
     reports["no bounds"] = inspect_model(MLP, None, Options(passes=passes, isolate=True))
     assert starts.read_text().splitlines() == [
-        "measure compile before-memory",  # one lane per spare core
-        "measure before-memory",  # a lane per pass: the work is Python
-        "compile before-memory",
-        "measure after-memory",  # sized by the estimate
-        "compile after-memory",
+        "compile measure before-memory",  # one lane per spare core, the dearer first
+        "compile before-memory",  # a lane per pass: the work is Python
+        "measure before-memory",
+        "compile after-memory",  # sized by the estimate
+        "measure after-memory",
     ]
     for report in reports.values():
         assert report.memory.measured is not None and report.compile.computed
@@ -354,16 +354,17 @@ def test_the_lanes_start_once_the_graph_is_known(
 def test_the_line_takes_over_the_passes_no_lane_has_begun(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, lane_late: bool
 ) -> None:
-    """One lane (real runs the dear ones, as the rule is told here) runs the export
-    checks, slowed by 2 s, then the measured step and the compile check. The line reaches
-    the export checks long before their lane is done, and runs the two queued behind in
-    its own slot instead of waiting: each pass once, the report as in one process.
-    `lane_late`: the lane comes to the measured step's claim 0.5 s after the export
-    checks, when the line has collected what it ran, and is still alive (its findings take
-    1.5 s): on a busy machine, it ran the measured step and the compile check again."""
+    """One lane (real runs the dear ones, as the rule is told here) runs the compile
+    check, slowed by 2 s, then the export checks and the measured step. The line reaches
+    the export checks long before the lane is done with the compile check, and runs them
+    and the measured step queued behind in its own slot instead of waiting: each pass
+    once, the report as in one process. `lane_late`: the lane comes to the measured step's
+    claim 0.5 s after the export checks', when the line has collected what it ran, and is
+    still alive (its findings take 1.5 s): on a busy machine, it ran the export checks and
+    the measured step again."""
     import inspector.analyze as analyze
     import inspector.beside as beside
-    import inspector.passes.export as export
+    import inspector.passes.dynamo as dynamo
     import inspector.passes.findings as findings
 
     if not _two_cores():
@@ -391,9 +392,9 @@ def test_the_line_takes_over_the_passes_no_lane_has_begun(
             f.write(f"{path.rpartition('.')[2]} {os.getpid()}\n")
         return run_claimed(ctx, compute, path, lane_fds)
 
-    def slow_export(ctx):  # noqa: ANN001, ANN202
+    def slow_compile(ctx):  # noqa: ANN001, ANN202
         time.sleep(2.0)
-        return export.compute(ctx)
+        return dynamo.compute(ctx)
 
     monkeypatch.setattr(beside, "_run_lane", lane)
     monkeypatch.setattr(beside, "_run_claimed", claimed)
@@ -405,7 +406,7 @@ def test_the_line_takes_over_the_passes_no_lane_has_begun(
     torch.set_num_threads(1)  # as the forked passes run: the same sums, bit for bit
     try:
         one = inspect_model(MLP, None, Options(passes=passes, isolate=False))
-        _replace_beside(monkeypatch, "export", slow_export)
+        _replace_beside(monkeypatch, "compile", slow_compile)
         if lane_late:
             slowed = [(n, slow_findings if n == "findings" else r) for n, r in analyze.PASSES]
             monkeypatch.setattr(analyze, "PASSES", slowed)
@@ -415,8 +416,8 @@ def test_the_line_takes_over_the_passes_no_lane_has_begun(
     by = dict(line.split() for line in runs.read_text().splitlines())
     assert sorted(by) == ["compile", "export", "lane", "measure"]  # each run once
     assert len(runs.read_text().splitlines()) == 4
-    assert by["export"] == by["lane"]  # its lane began it
-    assert by["measure"] != by["lane"] and by["compile"] != by["lane"]  # the line's
+    assert by["compile"] == by["lane"]  # its lane began it
+    assert by["export"] != by["lane"] and by["measure"] != by["lane"]  # the line's
     assert forked.memory.measured is not None and forked.compile.computed
     assert _comparable(forked) == _comparable(one)
     stages = ["gradients", "modes", "export", "measure", "compile", "findings"]
@@ -427,38 +428,40 @@ def test_the_line_takes_over_the_passes_no_lane_has_begun(
 def test_a_pass_the_line_took_over_crashes_only_its_own_process(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The line takes over the compile check while the export checks' lane is busy; the
-    check crashes natively in its own process: its section is missing and said so, the
-    line and the other passes go on."""
+    """The line takes over the export checks and the measured step while their lane is
+    busy with a slow compile check; the measured step crashes natively in its own
+    process: its section is missing and said so, the line and the other passes go on."""
     import inspector.beside as beside
-    import inspector.passes.export as export
+    import inspector.passes.dynamo as dynamo
 
     if not _two_cores():
         pytest.skip("no spare core: nothing runs beside the line")
 
-    def slow_export(ctx):  # noqa: ANN001, ANN202
+    def slow_compile(ctx):  # noqa: ANN001, ANN202
         time.sleep(2.0)
-        return export.compute(ctx)
+        return dynamo.compute(ctx)
 
     taken, take_over = tmp_path / "taken", beside.take_over
 
-    def watched(ctx, waiting, started, besides):  # noqa: ANN001, ANN202
-        take_over(ctx, waiting, started, besides)  # in a process of the chain: a file says
+    def watched(ctx, name, waiting, started, besides):  # noqa: ANN001, ANN202
+        take_over(ctx, name, waiting, started, besides)  # in a process of the chain: a file
         with open(taken, "a") as f:
-            f.writelines(f"{name}\n" for name, s in started.items() if s.taken_over)
+            done = {name: waiting, **started}
+            f.writelines(f"{each}\n" for each, s in done.items() if s.taken_over)
 
     monkeypatch.setattr(beside, "fake_step_is_cheaper", lambda ctx: True)
     monkeypatch.setattr(beside, "_spare_cores", lambda: 1)
     monkeypatch.setattr(beside, "take_over", watched)
-    _replace_beside(monkeypatch, "export", slow_export)
-    _replace_beside(monkeypatch, "compile", _segfault)
+    _replace_beside(monkeypatch, "compile", slow_compile)
+    _replace_beside(monkeypatch, "measure", _segfault)
     passes = {"graph", "memory", "gradients", "export", "compile", "findings"}
     report = inspect_model(MLP, None, Options(passes=passes, isolate=True))
-    assert "compile" in taken.read_text().split()
-    assert list(report.meta.failed_passes) == ["compile"]
-    assert report.meta.failed_passes["compile"].startswith("killed by SIGSEGV")
-    assert report.export.targets[0].ok and report.memory.measured is not None
-    assert any("the compile pass crashed its process" in w for w in report.meta.warnings)
+    assert {"export", "measure"} <= set(taken.read_text().split())
+    assert list(report.meta.failed_passes) == ["measure"]
+    assert report.meta.failed_passes["measure"].startswith("killed by SIGSEGV")
+    assert report.export.targets[0].ok and report.memory.measured is None
+    assert report.compile.computed and report.compile.graph_count == 1
+    assert any("the measure pass crashed its process" in w for w in report.meta.warnings)
 
 
 def _kills_its_lane(ctx: object) -> None:
@@ -468,22 +471,22 @@ def _kills_its_lane(ctx: object) -> None:
 
 
 def test_a_killed_lane_costs_only_the_pass_it_ran(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The lane dies while it runs the export checks: they are reported killed, and the
-    measured step and compile check queued behind them, which it never began, run in the
-    line, in their place."""
+    """The lane dies while it runs the compile check, its first: it is reported killed,
+    and the export checks and measured step queued behind it, which it never began, run
+    in the line, in their place."""
     import inspector.beside as beside
 
     if not _two_cores():
         pytest.skip("no spare core: nothing runs beside the line")
     monkeypatch.setattr(beside, "fake_step_is_cheaper", lambda ctx: True)
     monkeypatch.setattr(beside, "_spare_cores", lambda: 1)
-    _replace_beside(monkeypatch, "export", _kills_its_lane)
+    _replace_beside(monkeypatch, "compile", _kills_its_lane)
     passes = {"graph", "memory", "gradients", "modes", "export", "compile", "findings"}
     report = inspect_model(MLP, None, Options(passes=passes, isolate=True))
-    assert list(report.meta.failed_passes) == ["export"]
-    assert report.meta.failed_passes["export"].startswith("killed by SIGKILL")
+    assert list(report.meta.failed_passes) == ["compile"]
+    assert report.meta.failed_passes["compile"].startswith("killed by SIGKILL")
     assert report.memory.measured is not None  # run in the line
-    assert report.compile.computed and report.compile.graph_count == 1
+    assert report.export.targets[0].ok and report.export.targets[0].checked
 
 
 def test_a_crash_beside_costs_only_that_pass(
@@ -497,7 +500,7 @@ def test_a_crash_beside_costs_only_that_pass(
     options = Options(passes={"graph", "memory", "gradients", "compile", "findings"}, isolate=True)
     report = inspect_model(MLP, None, options)
     if _two_cores():  # where real runs are the cheap ones, the work is Python: a lane each
-        assert marks.read_text().splitlines() == ["measure", "compile"]
+        assert marks.read_text().splitlines() == ["compile", "measure"]
     assert list(report.meta.failed_passes) == ["compile"]
     assert report.meta.failed_passes["compile"].startswith("killed by SIGSEGV")
     assert "_segfault (test_isolation.py:" in report.meta.failed_passes["compile"]
@@ -520,7 +523,7 @@ def test_an_exception_beside_reaches_the_caller_as_itself(
     with pytest.raises(InputMismatchError) as caught:
         inspect_model(MLP, None, options)
     if _two_cores():
-        assert marks.read_text().split() == ["measure", "compile"]
+        assert marks.read_text().split() == ["compile", "measure"]
     assert caught.value.hint == "check --input"
     assert "bad_input" in str(caught.value.__cause__)
 
@@ -543,7 +546,7 @@ def test_without_room_in_the_budget_the_passes_run_in_order(
     monkeypatch.setenv(MEMORY_ENV, str(64 << 30))
     inspect_model(MLP, None, Options(passes=passes, isolate=True))
     if _two_cores():
-        assert marks.read_text().split() == ["measure", "compile"]
+        assert marks.read_text().split() == ["compile", "measure"]
 
 
 def test_the_export_checks_ask_room_for_three_inference_peaks() -> None:

@@ -34,8 +34,9 @@ the machine has available and the job's budget, where the service sets one
 A pass no lane has begun yet is the line's to take over: where the line reaches a pass
 whose lane is still busy, it runs that pass, if its lane has not begun it, and the passes
 queued behind in its own slot rather than wait (`take_over`). Whoever begins a pass
-claims it first (a file made exclusively), so each runs once, in a lane or in the line. A lane the kernel killed (out of memory) costs
-the pass it was running; the line runs those it had not begun in their place.
+claims it first (a file made exclusively), so each runs once, in a lane or in the line.
+A lane the kernel killed (out of memory) costs the pass it was running; the line runs
+those it had not begun in their place.
 
 As with every isolated pass, the work runs in a process of its own under its lane's
 process: a native crash costs only its section, said as the isolated passes say it; an

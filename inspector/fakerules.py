@@ -80,7 +80,10 @@ def _strides_order(t: torch.Tensor) -> tuple:
 
 
 def _size_free(x: FakeTensor) -> tuple | None:
-    """What the key says of a tensor: all but its sizes (None: no rule covers it)."""
+    """What the key says of a tensor: all but its sizes (None: no rule covers it, as for
+    symbolic sizes, whose arithmetic is the shape environment's)."""
+    if x._has_symbolic_sizes_strides:
+        return None
     if x.storage_offset() != 0 or x.numel() == 0 or x.is_conj() or x.is_neg():
         return None
     layout = _layout_class(x) or _strides_order(x)
@@ -316,6 +319,7 @@ RULES: dict[Any, _Rule] = {
     _aten.convolution.default: _convolution,
     _aten.convolution_backward.default: _convolution_backward,
     _aten.native_batch_norm.default: _batch_norm,
+    _aten._native_batch_norm_legit.default: _batch_norm,  # as Dynamo's trace calls it
     _aten.native_batch_norm_backward.default: _batch_norm_backward,
     _aten.native_layer_norm.default: _layer_norm,
     _aten.native_layer_norm_backward.default: _layer_norm_backward,
@@ -378,19 +382,33 @@ def _device(args: tuple, kwargs: dict) -> torch.device:
 
 
 class FakeRules:
-    """Per fake mode: size-free key -> the outputs' dtypes (or None: torch answers)."""
+    """Per fake mode: size-free key -> the outputs' dtypes (or None: torch answers).
 
-    def __init__(self, mode: FakeTensorMode, has_value: Any, maker: FakeMaker) -> None:
+    `learned`: that table, where modes share it (the key names no mode). `in_shape_env`:
+    answer a mode with a shape environment too (Dynamo's), its calls whose tensors have
+    no symbolic size; a symbolic one takes the mode's whole path, guards and all."""
+
+    def __init__(
+        self,
+        mode: FakeTensorMode,
+        has_value: Any,
+        maker: FakeMaker,
+        learned: dict[tuple, tuple[torch.dtype | None, ...] | None] | None = None,
+        in_shape_env: bool = False,
+    ) -> None:
         self.mode = mode
         self.has_value = has_value  # t -> whether it carries a real value
         self.maker = maker
-        self.dtypes: dict[tuple, tuple[torch.dtype | None, ...] | None] = {}
+        self.dtypes = {} if learned is None else learned
+        self.in_shape_env = in_shape_env
         self.hits = 0
 
     def key(self, func: Any, args: tuple, kwargs: dict) -> tuple | None:
         """The size-free key of this call, or None where no rule covers it."""
         mode = self.mode
-        if mode.shape_env is not None or getattr(mode, "propagate_real_tensors", False):
+        if mode.shape_env is not None and not self.in_shape_env:
+            return None
+        if getattr(mode, "propagate_real_tensors", False):
             return None
         if _rule(func) is None or get_proxy_mode() is not None:
             return None

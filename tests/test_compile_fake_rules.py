@@ -1,0 +1,107 @@
+"""Dynamo's fake runs answered by rule (inspector/compiling/fakerules.py): the compile
+section the same as from torch's own fake kernels, at a static first compile and after a
+dim turned dynamic; torch's dispatch back in place after the check."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import inspector.compiling.dynamo as dynamo_check
+from inspector.compiling.fakerules import rules_in_dynamo
+from inspector.context import Inputs
+from inspector.fakevalues import new_fake_mode
+
+
+class ConvNet(nn.Module):
+    """The calls the rules take from Dynamo's trace: training-mode batch norms and
+    hardswish at several sizes, a layer norm and a softmax."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.BatchNorm2d(8), nn.Hardswish())
+        self.body = nn.Sequential(
+            nn.Conv2d(8, 16, 3, 2, 1), nn.BatchNorm2d(16), nn.Hardswish(),
+            nn.Conv2d(16, 24, 3, 2, 1), nn.BatchNorm2d(24), nn.Hardsigmoid(),
+        )  # fmt: skip
+        self.norm, self.head = nn.LayerNorm(24), nn.Linear(24, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.body(self.stem(x)).mean((2, 3))
+        return torch.softmax(self.head(self.norm(y)), -1)
+
+
+def _inputs(batch: int) -> Inputs:
+    return Inputs(args=(torch.randn(batch, 3, 32, 32),), dims={"B": batch})
+
+
+def _facts(checked: dynamo_check.Checked) -> tuple:
+    recompiles = [([(f.code, f.reasons) for f in failures], error)
+                  for failures, error in checked.recompiles]  # fmt: skip
+    return checked.graph_count, checked.op_count, len(checked.breaks), recompiles
+
+
+@pytest.mark.parametrize("count_all", [False, True])
+def test_the_check_is_the_same_as_from_torchs_fake_kernels(monkeypatch, count_all) -> None:
+    """With the rules (most batch norms and hardswishes answered by them) and without:
+    the same graphs, ops and guards; with `count_all` the batch turns dynamic in the
+    recompiles, whose symbolic calls take torch's path."""
+    answered = []
+
+    @contextlib.contextmanager
+    def counted():  # noqa: ANN202
+        with rules_in_dynamo() as rules:
+            yield rules
+        answered.append(rules.hits)
+
+    model = ConvNet().train()
+    changed = [_inputs(3), _inputs(5)]
+    monkeypatch.setattr(dynamo_check, "rules_in_dynamo", counted)
+    with_rules = dynamo_check.check(model, _inputs(4), changed, count_all=count_all)
+    monkeypatch.setattr(dynamo_check, "rules_in_dynamo", contextlib.nullcontext)
+    without = dynamo_check.check(model, _inputs(4), changed, count_all=count_all)
+    assert _facts(with_rules) == _facts(without)
+    assert with_rules.graph_count == 1 and with_rules.op_count == without.op_count > 10
+    if count_all:  # the guard on the batch failed once, then the dim was dynamic
+        assert [len(failures) for failures, _ in with_rules.recompiles] == [1, 0]
+    # the second and third batch norms and the second hardswish, at least
+    assert answered[0] >= 3
+
+
+def test_symbolic_sizes_take_torchs_path() -> None:
+    """A call on a tensor with a symbolic size is not the rules' to answer."""
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        ShapeEnv,
+        StatelessSymbolicContext,
+    )
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    with rules_in_dynamo() as rules:
+        x = mode.from_tensor(torch.empty(6, 8), symbolic_context=dynamic)
+        assert x._has_symbolic_sizes_strides
+        with mode:
+            for _ in range(3):
+                torch.nn.functional.hardswish(x)
+            assert rules.hits == 0
+            for n in (4, 5, 6):  # static: the first takes torch's path, the others the rule
+                torch.nn.functional.hardswish(torch.empty(n, 8))
+    assert rules.hits == 2
+
+
+def test_torchs_dispatch_is_back_after_the_check_and_ours_untouched() -> None:
+    original = FakeTensorMode.dispatch
+    with pytest.raises(RuntimeError, match="stop"), rules_in_dynamo() as rules:
+        assert FakeTensorMode.dispatch is not original
+        ours = new_fake_mode()  # the memory pass's mode answers by its own rules
+        with ours:
+            torch.nn.functional.hardswish(torch.empty(4, 8))
+            torch.nn.functional.hardswish(torch.empty(5, 8))
+        assert rules.hits == 0 and ours.rules.hits == 1
+        raise RuntimeError("stop")
+    assert FakeTensorMode.dispatch is original

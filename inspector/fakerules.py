@@ -145,6 +145,14 @@ def _batch_norm(args: tuple, kwargs: dict) -> list[_Layout | None]:
     return [_like(x), stats, stats]
 
 
+def _batch_norm_no_training(args: tuple, kwargs: dict) -> list[_Layout | None]:
+    # (input, weight, bias, running_mean, running_var, momentum, eps): eval, as an export
+    # traces it; no statistics kept
+    x = args[0]
+    _per_channel(x, args[1:5])
+    return [_like(x), _vector(0), _vector(0)]
+
+
 def _per_channel(x: torch.Tensor, tensors: tuple) -> None:
     """A batch norm's weight, bias and statistics hold one value per channel of `x`; a
     call where they do not is torch's to refuse."""
@@ -320,6 +328,7 @@ RULES: dict[Any, _Rule] = {
     _aten.convolution_backward.default: _convolution_backward,
     _aten.native_batch_norm.default: _batch_norm,
     _aten._native_batch_norm_legit.default: _batch_norm,  # as Dynamo's trace calls it
+    _aten._native_batch_norm_legit_no_training.default: _batch_norm_no_training,
     _aten.native_batch_norm_backward.default: _batch_norm_backward,
     _aten.native_layer_norm.default: _layer_norm,
     _aten.native_layer_norm_backward.default: _layer_norm_backward,

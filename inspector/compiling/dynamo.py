@@ -24,8 +24,8 @@ import torch._dynamo as dynamo
 import torch._dynamo.convert_frame as convert_frame
 import torch._dynamo.symbolic_convert as symbolic_convert
 
-from inspector.compiling.fakerules import rules_in_dynamo
 from inspector.context import Inputs
+from inspector.torchfakerules import rules_in_torch_modes
 
 __all__ = ["Break", "GuardFailure", "Checked", "check", "quiet"]
 
@@ -147,7 +147,7 @@ def check(
     dynamo.reset()
     compiled = torch.compile(model, backend=rec.backend)
     try:
-        with quiet(), rec.patched(), rules_in_dynamo():
+        with quiet(), rec.patched(), rules_in_torch_modes():
             try:
                 compiled(*base.args, **base.kwargs)
             except Exception as exc:  # noqa: BLE001 - e.g. `.item()` on a fake tensor after its break

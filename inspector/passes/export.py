@@ -31,6 +31,7 @@ from inspector.health.exportmatch import (
 from inspector.libraryoutput import library_output_captured, printed_summary
 from inspector.memory.rough import step_bytes
 from inspector.report import ExportTarget
+from inspector.torchfakerules import rules_in_torch_modes
 from inspector.tracebacks import user_location
 
 __all__ = ["run", "compute", "apply", "needs", "TARGETS", "ONNX_MODULES"]
@@ -150,7 +151,8 @@ def compute(ctx: Context) -> list[ExportTarget]:
     others = changed_inputs(ctx) if chosen and not ctx.options.fake else []
     dynamic = DynamicExport(ctx, others)  # made once, when a target asks for it
     artifacts: dict[str, Any] = {}
-    targets = [_try(ctx, name, attempt, dynamic, artifacts) for name, attempt in chosen]
+    with rules_in_torch_modes():  # the exports' fake runs (inspector/torchfakerules.py)
+        targets = [_try(ctx, name, attempt, dynamic, artifacts) for name, attempt in chosen]
     eager = EagerOutputs(ctx)  # one eager run per input set, whatever the targets
     for target in targets:
         if target.target in artifacts:

@@ -1,6 +1,6 @@
-"""Dynamo's fake runs answered by rule (inspector/compiling/fakerules.py): the compile
-section the same as from torch's own fake kernels, at a static first compile and after a
-dim turned dynamic; torch's dispatch back in place after the check."""
+"""torch's fake runs answered by rule (inspector/torchfakerules.py): Dynamo's check and
+torch.export's program the same as from torch's own fake kernels, static and with a dim
+made dynamic; torch's dispatch back in place after."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import inspector.compiling.dynamo as dynamo_check
-from inspector.compiling.fakerules import rules_in_dynamo
 from inspector.context import Inputs
 from inspector.fakevalues import new_fake_mode
+from inspector.torchfakerules import rules_in_torch_modes
 
 
 class ConvNet(nn.Module):
@@ -54,15 +54,15 @@ def test_the_check_is_the_same_as_from_torchs_fake_kernels(monkeypatch, count_al
 
     @contextlib.contextmanager
     def counted():  # noqa: ANN202
-        with rules_in_dynamo() as rules:
+        with rules_in_torch_modes() as rules:
             yield rules
         answered.append(rules.hits)
 
     model = ConvNet().train()
     changed = [_inputs(3), _inputs(5)]
-    monkeypatch.setattr(dynamo_check, "rules_in_dynamo", counted)
+    monkeypatch.setattr(dynamo_check, "rules_in_torch_modes", counted)
     with_rules = dynamo_check.check(model, _inputs(4), changed, count_all=count_all)
-    monkeypatch.setattr(dynamo_check, "rules_in_dynamo", contextlib.nullcontext)
+    monkeypatch.setattr(dynamo_check, "rules_in_torch_modes", contextlib.nullcontext)
     without = dynamo_check.check(model, _inputs(4), changed, count_all=count_all)
     assert _facts(with_rules) == _facts(without)
     assert with_rules.graph_count == 1 and with_rules.op_count == without.op_count > 10
@@ -82,7 +82,7 @@ def test_symbolic_sizes_take_torchs_path() -> None:
 
     mode = FakeTensorMode(shape_env=ShapeEnv())
     dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
-    with rules_in_dynamo() as rules:
+    with rules_in_torch_modes() as rules:
         x = mode.from_tensor(torch.empty(6, 8), symbolic_context=dynamic)
         assert x._has_symbolic_sizes_strides
         with mode:
@@ -96,7 +96,7 @@ def test_symbolic_sizes_take_torchs_path() -> None:
 
 def test_torchs_dispatch_is_back_after_the_check_and_ours_untouched() -> None:
     original = FakeTensorMode.dispatch
-    with pytest.raises(RuntimeError, match="stop"), rules_in_dynamo() as rules:
+    with pytest.raises(RuntimeError, match="stop"), rules_in_torch_modes() as rules:
         assert FakeTensorMode.dispatch is not original
         ours = new_fake_mode()  # the memory pass's mode answers by its own rules
         with ours:
@@ -105,3 +105,51 @@ def test_torchs_dispatch_is_back_after_the_check_and_ours_untouched() -> None:
         assert rules.hits == 0 and ours.rules.hits == 1
         raise RuntimeError("stop")
     assert FakeTensorMode.dispatch is original
+
+
+def _graph(program: torch.export.ExportedProgram) -> list:
+    """Each node's op, target, arguments and output metadata."""
+    out = []
+    for node in program.graph.nodes:
+        val = node.meta.get("val")
+        vals = val if isinstance(val, list | tuple) else [val]
+        metas = [
+            (tuple(v.shape), v.stride(), v.dtype) if isinstance(v, torch.Tensor) else repr(v)
+            for v in vals
+        ]
+        out.append((node.op, str(node.target), str(node.args), metas))
+    return out
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_an_export_is_the_same_as_from_torchs_fake_kernels(monkeypatch, dynamic) -> None:
+    """The eval-mode batch norms (8-18 ms a new size in torch's kernel) by rule: the same
+    program, node by node; with the batch dynamic, no call on a symbolic size by rule."""
+    from inspector.fakerules import FakeRules
+
+    symbolic, answer = [], FakeRules.answer
+
+    def spied(self, key, func, args, kwargs):  # noqa: ANN001, ANN202
+        out = answer(self, key, func, args, kwargs)
+        if out is not None:
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            symbolic.append(any(t._has_symbolic_sizes_strides for t in tensors))
+        return out
+
+    monkeypatch.setattr(FakeRules, "answer", spied)
+    model = ConvNet().eval()
+    args = (torch.randn(4, 3, 32, 32),)
+    shapes = ({0: torch.export.Dim.AUTO},) if dynamic else None
+    with rules_in_torch_modes() as rules:
+        with_rules = torch.export.export(model, args, dynamic_shapes=shapes, strict=False)
+    without = torch.export.export(model, args, dynamic_shapes=shapes, strict=False)
+    assert _graph(with_rules) == _graph(without)
+    assert len(_graph(without)) > 20
+    assert len(symbolic) == rules.hits and not any(symbolic)
+    if not dynamic:  # the second and third batch norms and hardswish, at least
+        assert rules.hits >= 3
+    else:  # the batch is symbolic in the program
+        placeholder = next(n for n in with_rules.graph.nodes if n.name == "x")
+        assert isinstance(placeholder.meta["val"].shape[0], torch.SymInt)
+    x = torch.randn(4, 3, 32, 32)
+    torch.testing.assert_close(with_rules.module()(x), without.module()(x), rtol=0, atol=0)

@@ -146,11 +146,9 @@ def _batch_norm(args: tuple, kwargs: dict) -> list[_Layout | None]:
 
 
 def _batch_norm_no_training(args: tuple, kwargs: dict) -> list[_Layout | None]:
-    # (input, weight, bias, running_mean, running_var, momentum, eps): eval, as an export
-    # traces it; no statistics kept
-    x = args[0]
-    _per_channel(x, args[1:5])
-    return [_like(x), _vector(0), _vector(0)]
+    # (input, weight, bias, running_mean, running_var, momentum, eps): a batch norm in
+    # eval, as an export traces it
+    return _batch_norm((*args[:5], False, *args[5:]), kwargs)
 
 
 def _per_channel(x: torch.Tensor, tensors: tuple) -> None:

@@ -65,9 +65,9 @@ def rules_in_torch_modes() -> Iterator[Answered]:
     answered = Answered()
 
     def dispatch(mode, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN202 - torch's
-        if type(mode) is not FakeTensorMode:  # a subclass (ours) has its own answers
-            return original(mode, func, types, args, kwargs or {})
         kwargs = kwargs or {}
+        if type(mode) is not FakeTensorMode:  # a subclass (ours) has its own answers
+            return original(mode, func, types, args, kwargs)
         rules = answered.rules(mode)
         key = rules.key(func, args, kwargs)
         out = None if key is None else rules.answer(key, func, args, kwargs)

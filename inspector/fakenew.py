@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConfig, FakeTensorMode
+from torch.utils._python_dispatch import _disable_current_modes
 
 __all__ = ["FakeMaker"]
 
@@ -31,7 +32,11 @@ class FakeMaker:
 
     def __init__(self, mode: FakeTensorMode) -> None:
         self.mode = mode
-        probe = FakeTensor(mode, torch.empty(0, device="meta"), torch.device("cpu"))
+        # Made outside every mode: a maker first made mid-trace (torch.export's, where a
+        # rule first meets its fake mode) must not put the probe into the traced graph.
+        with _disable_current_modes():
+            elem = torch.empty(0, device="meta")
+        probe = FakeTensor(mode, elem, torch.device("cpu"))
         # What every new tensor of this mode starts with; `_fake_device` is each one's.
         self.template: dict[str, Any] | None = dict(vars(probe))
         known = _HAS_CALLS and hasattr(mode, "_allow_unsafe_data_ptr_access")

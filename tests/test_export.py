@@ -45,6 +45,41 @@ def test_data_dependent_branch_fails_strict_export_at_the_users_line() -> None:
     assert targets["torchscript-trace"].ok is True
 
 
+def test_a_failing_export_shows_the_users_line_in_the_graph_torch_printed() -> None:
+    """The export is made first without each node's line; where it fails it is made again
+    with them: the graph torch prints as it fails, in the error, names the user's line."""
+    nonstrict = _run(export_models.Branchy())["export-nonstrict"]
+    assert nonstrict.ok is False and nonstrict.location == f"export_models.py:{BRANCH_LINE}"
+    assert f"export_models.py:{BRANCH_LINE} in forward" in nonstrict.error
+    assert "No stacktrace found" not in nonstrict.error  # nothing of the lean attempt's
+
+
+def test_a_lean_export_is_torchs_program_made_with_less(monkeypatch) -> None:
+    """No node keeps its stack and the graph's code is made fewer times, the program the
+    same node by node and in what it computes."""
+    made = []
+    python_code = torch.fx.Graph.python_code
+
+    def counted(graph, *args, **kwargs):  # noqa: ANN001, ANN202 - torch's
+        made.append(graph)
+        return python_code(graph, *args, **kwargs)
+
+    monkeypatch.setattr(torch.fx.Graph, "python_code", counted)
+    model, x = export_models.Clean().eval(), torch.randn(2, 8)
+    ctx = Context(LoadedModel(model, "python", "m.py"), InputFactory(), Inputs((x,), {}),
+                  Options(), Report())  # fmt: skip
+    lean = export._exported(ctx, strict=False, lean=True)
+    lean_made, made[:] = len(made), []
+    plain = torch.export.export(model, (x,), strict=False)
+    assert lean_made < len(made)
+    assert not any(n.meta.get("stack_trace") for n in lean.graph.nodes)
+    assert any(n.meta.get("stack_trace") for n in plain.graph.nodes)
+    nodes = [[(n.op, str(n.target), str(n.args), str(n.meta.get("val"))) for n in p.graph.nodes]
+             for p in (lean, plain)]  # fmt: skip
+    assert nodes[0] == nodes[1]
+    torch.testing.assert_close(lean.module()(x), plain.module()(x), rtol=0, atol=0)
+
+
 def test_try_except_fails_scripting() -> None:
     targets = _run(export_models.Unscriptable())
     script = targets["torchscript-script"]

@@ -153,3 +153,27 @@ def test_an_export_is_the_same_as_from_torchs_fake_kernels(monkeypatch, dynamic)
         assert isinstance(placeholder.meta["val"].shape[0], torch.SymInt)
     x = torch.randn(4, 3, 32, 32)
     torch.testing.assert_close(with_rules.module()(x), without.module()(x), rtol=0, atol=0)
+
+
+class Positions(nn.Module):
+    """As BERT's embeddings begin: a slice of a buffer, torch's fake mode first met under
+    the export's tracing mode (where the rules' tensor maker is made)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("ids", torch.arange(64).unsqueeze(0).clone())  # no view
+        self.embed, self.net = nn.Embedding(64, 3), ConvNet().eval()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = self.ids[:, : x.shape[2]]
+        return self.net(x + self.embed(ids).transpose(1, 2)[..., None])
+
+
+def test_the_rules_put_nothing_of_their_own_into_an_exports_graph() -> None:
+    model, args = Positions().eval(), (torch.randn(2, 3, 32, 32),)
+    with rules_in_torch_modes() as rules:
+        with_rules = torch.export.export(model, args, strict=False)
+    without = torch.export.export(model, args, strict=False)
+    assert rules.hits >= 3
+    assert _graph(with_rules) == _graph(without)
+    assert not [n for n in with_rules.graph.nodes if n.target == torch.ops.aten.empty.memory_format]

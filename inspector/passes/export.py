@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from inspector.context import Context
-from inspector.graph.exportcapture import Flat, flat_tensors
+from inspector.graph.exportcapture import Flat, flat_tensors, lazy_recompiles, node_stacks
 from inspector.health.exportmatch import (
     DynamicExport,
     EagerOutputs,
@@ -45,23 +45,47 @@ Attempt = Callable[[Context, DynamicExport], Any]
 
 def _export(strict: bool) -> Attempt:
     def attempt(ctx: Context, dynamic: DynamicExport) -> Any:
-        return torch.export.export(
-            ctx.model, tuple(ctx.inputs.args), dict(ctx.inputs.kwargs), strict=strict
-        )
+        return _exported(ctx, strict, lean=not strict)
 
     return attempt
+
+
+def _exported(ctx: Context, strict: bool, lean: bool) -> Any:
+    """torch.export's program of the model on the sample. `lean`: made first without what
+    only a failure's message reads, each node's line in the user's code (13% of CaiT's
+    export), and with its code made once, where it runs, not after each of torch's passes
+    (`lazy_recompiles`: 18%). Where that fails, for any reason, it is made again as it
+    always was: its error, and the graph torch prints as it fails, naming each node's
+    line, are the verdict. Strict export goes through Dynamo, whose graphs lose their
+    input spec in torch's lazy modules: never lean."""
+    args, kwargs = tuple(ctx.inputs.args), dict(ctx.inputs.kwargs)
+    if lean:
+        try:
+            with library_output_captured(), node_stacks(False), lazy_recompiles():
+                return torch.export.export(ctx.model, args, kwargs, strict=strict)
+        except Exception:  # noqa: BLE001, S110 - said by the export below
+            pass
+    return torch.export.export(ctx.model, args, kwargs, strict=strict)
 
 
 def _export_nonstrict(ctx: Context, dynamic: DynamicExport) -> Any:
     """The program with the named dims dynamic when it exports: it runs the sample as the
     static one would, and the changed dims too, so the static export is not made again.
     Else the static export, whose error is the verdict (the dynamic one's is said at the
-    changed dims)."""
+    changed dims); where the dynamic one failed, the static one is made as it always was
+    at once, as it most likely fails too."""
     if dynamic.others:
         with contextlib.suppress(Exception):
             dynamic.module()
             return dynamic
-    return _export(strict=False)(ctx, dynamic)
+    return _exported(ctx, strict=False, lean=not dynamic.others and not _capture_failed(ctx))
+
+
+def _capture_failed(ctx: Context) -> bool:
+    """The capture stage's own non-strict export of the model failed (the detectors'): this
+    one most likely fails too, and is made as it always was at once."""
+    attempts = ctx.capture.attempts if ctx.capture is not None else []
+    return any(a.method == "export" and not a.ok for a in attempts)
 
 
 def _script(ctx: Context) -> Any:

@@ -233,3 +233,30 @@ def test_onnx_without_onnxruntime_is_skipped_with_the_reason(
     onnx = _run(export_models.Clean())["onnx"]
     assert onnx.ok is None and onnx.error.startswith("not attempted: onnxruntime not installed")
     assert "[export]" in onnx.error
+
+
+def test_an_export_the_capture_saw_fail_is_made_once(monkeypatch) -> None:
+    """Where the capture stage's own export failed (the detectors'), the target is made as
+    it always was at once, not lean and then again."""
+    from inspector.context import CaptureResult
+    from inspector.report import CaptureAttempt
+
+    calls = []
+    real = torch.export.export
+    monkeypatch.setattr(torch.export, "export", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = export_models.Branchy()
+    loaded = LoadedModel(model, "python", "export_models.py", user_files=[USER_FILE])
+    ctx = Context(loaded, InputFactory(), Inputs((torch.randn(2, 8),), {}), Options(), Report())
+    assert _targets(ctx)["export-nonstrict"].ok is False and len(calls) == 2  # lean, then as ever
+    calls.clear()
+    ctx.capture = CaptureResult(
+        method="hooks", attempts=[CaptureAttempt(method="export", ok=False)]
+    )
+    nonstrict = _targets(ctx)["export-nonstrict"]
+    assert nonstrict.ok is False and len(calls) == 1
+    assert f"export_models.py:{BRANCH_LINE} in forward" in nonstrict.error
+
+
+def _targets(ctx: Context) -> dict[str, object]:
+    export.run(ctx)
+    return {t.target: t for t in ctx.report.export.targets}

@@ -43,13 +43,6 @@ _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 Attempt = Callable[[Context, DynamicExport], Any]
 
 
-def _export(strict: bool) -> Attempt:
-    def attempt(ctx: Context, dynamic: DynamicExport) -> Any:
-        return _exported(ctx, strict, lean=not strict)
-
-    return attempt
-
-
 def _exported(ctx: Context, strict: bool, lean: bool) -> Any:
     """torch.export's program of the model on the sample. `lean`: made first without what
     only a failure's message reads, each node's line in the user's code (13% of CaiT's
@@ -79,6 +72,10 @@ def _export_nonstrict(ctx: Context, dynamic: DynamicExport) -> Any:
             dynamic.module()
             return dynamic
     return _exported(ctx, strict=False, lean=not dynamic.others and not _capture_failed(ctx))
+
+
+def _export_strict(ctx: Context, dynamic: DynamicExport) -> Any:
+    return _exported(ctx, strict=True, lean=False)
 
 
 def _capture_failed(ctx: Context) -> bool:
@@ -148,7 +145,7 @@ def _quiet_logger(name: str) -> Iterator[None]:
 
 TARGETS: list[tuple[str, Attempt]] = [
     ("export-nonstrict", _export_nonstrict),
-    ("export-strict", _export(strict=True)),
+    ("export-strict", _export_strict),
     ("torchscript-script", lambda ctx, dynamic: _script(ctx)),
     ("torchscript-trace", lambda ctx, dynamic: _trace(ctx)),
     ("onnx", _onnx),

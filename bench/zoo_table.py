@@ -11,8 +11,9 @@ __all__ = ["write_results", "table"]
 _HEADER = (
     "| model | kind | capture | real | fake | blank modules | params | FLOPs ratio "
     "| saved err real / fake | peak err real / fake | warnings+errors (real) | red verdicts "
+    "| analysis warnings (real) "
     "| time real / fake s |\n"
-    "|---|---|---|---|---|---:|---|---:|---:|---:|---|---|---:|\n"
+    "|---|---|---|---|---|---:|---|---:|---:|---:|---|---|---:|---:|\n"
 )
 
 
@@ -59,6 +60,7 @@ def _row(row: dict) -> str:
         f"{_pct(real.get('peak_err'))} / {_pct(fake.get('peak_err'))}",
         _rules(real) if real.get("ok") else "–",
         str(len(real.get("red", []))) if real.get("ok") else "–",
+        str(len(real.get("warnings", []))) if real.get("ok") else "–",
         f"{real.get('seconds', '–')} / {fake.get('seconds', '–')}",
     ]
     return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
@@ -93,7 +95,8 @@ def _counts(rows: list[dict]) -> str:
         f"peak within 2% real {within('peak_err', 0.02, real)}, fake "
         f"{within('peak_err', 0.02, fake)}; no blank module "
         f"{sum(not h.get('blank') for h in both)}/{len(both)}; no warning/error finding and "
-        f"no red verdict on the healthy model (real) {len(clean)}/{len(real)}."
+        f"no red verdict on the healthy model (real) {len(clean)}/{len(real)}; no warning of "
+        f"the analysis (real) {sum(not h.get('warnings') for h in real)}/{len(real)}."
     )
 
 

@@ -250,3 +250,15 @@ def test_a_graph_of_module_calls_is_bounded_by_what_its_run_allocated() -> None:
         bounds.train_peak
         == weights + grads + 2 * grads + 4 * 4 + bounds.saved + expected + 2 * grads
     )
+
+
+def test_the_forward_only_flop_counter_still_counts_by_module() -> None:
+    from inspector.graph.flops import flop_counter_mode
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    counter = flop_counter_mode(forward_only=True)
+    with torch.no_grad(), counter:
+        model(torch.randn(3, 4))
+    by_module = {k: sum(v.values()) for k, v in counter.get_flop_counts().items()}
+    # 2 FLOPs x 3 rows x in x out, per Linear
+    assert by_module == {"Global": 288, "Sequential": 288, "Sequential.0": 192, "Sequential.2": 96}

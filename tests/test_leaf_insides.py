@@ -87,3 +87,35 @@ def test_a_module_that_leaves_no_node_under_export_gets_its_shapes(tmp_path) -> 
     down = next(m for m in report.modules if m.path == "downsample")
     assert down.calls == 1 and down.output_shapes == [["B", 4, 8, 8]]
     assert down.flops_forward == 0
+
+
+CLASS_TOKEN = '''
+import torch
+from torch import nn
+
+
+class ClassToken(nn.Module):
+    """CaiT's class attention: a learned token, expanded to the batch, queries the patches.
+    Under no_grad the expand is a view that says requires_grad with no grad function."""
+
+    def __init__(self):
+        super().__init__()
+        self.token = nn.Parameter(torch.zeros(1, 1, 16))
+        self.attend = nn.TransformerDecoderLayer(16, 2, 32, batch_first=True)
+
+    def forward(self, x):
+        return self.attend(self.token.expand(x.shape[0], -1, -1), x)
+'''
+
+
+def test_a_class_token_made_under_no_grad_does_not_stop_the_inner_measures(tmp_path) -> None:
+    # torch's FLOP counter sets backward hooks on such a module input, and they raise
+    path = tmp_path / "token.py"
+    path.write_text(CLASS_TOKEN)
+    spec = '{"x": {"shape": ["B", 5, 16]}, "dims": {"B": 2}}'
+    report = inspect_model(f"{path}:ClassToken", spec, Options(passes={"graph"}))
+    assert report.meta.warnings == []
+    linear1 = next(m for m in report.modules if m.path == "attend.linear1")
+    assert linear1.calls == 1 and linear1.output_shapes == [["B", 1, 32]]
+    # 2 FLOPs x (2 x 1 rows) x 16 in x 32 out
+    assert linear1.flops_forward == 2 * 2 * 1 * 16 * 32

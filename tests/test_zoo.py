@@ -39,6 +39,15 @@ MODELS = [*FAST, *(pytest.param(n, marks=slow) for n in SLOW)]
 # (model, check) -> why it fails today: defects owned by other work in progress.
 KNOWN: dict[tuple[str, str], str] = {}  # none today: LSTM's workspace and HF's fake path are fixed
 
+# What a healthy model's real report may still say of the analysis itself: NMS needs values,
+# so the memory estimate runs on a real copy.
+ANALYSIS_LIMITS = {
+    "ssdlite320_mobilenet_v3_large": [
+        "memory: the model does not run on fake tensors",
+        "memory: batch scaling needs fake tensors; skipped",
+    ],
+}
+
 # The saved-tensor hooks of the truth cannot see what these models save.
 TRUTH_BLIND = {
     "checkpoint": "non-reentrant checkpoint saves through saved-tensor hooks of its own",
@@ -80,6 +89,10 @@ def test_no_false_alarm_on_the_healthy_model(request: pytest.FixtureRequest, nam
     r = report(name, False)
     assert r.gradients.computed
     assert alarms(r) == [] and red_verdicts(r) == []
+    # nothing the analysis could not do (CaiT's class token once stopped the inner measures)
+    expected = ANALYSIS_LIMITS.get(name, [])
+    assert len(r.meta.warnings) == len(expected), r.meta.warnings
+    assert all(w.startswith(e) for w, e in zip(r.meta.warnings, expected, strict=True))
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.module_tracker import ModuleTracker
 
 __all__ = ["flop_counter_mode", "EXTRA_FORMULAS"]
 
@@ -46,5 +47,37 @@ def _extra() -> dict:
 EXTRA_FORMULAS = _extra()
 
 
-def flop_counter_mode(cls: type[FlopCounterMode] = FlopCounterMode) -> FlopCounterMode:
-    return cls(display=False, custom_mapping=EXTRA_FORMULAS)
+class _ForwardModuleTracker(ModuleTracker):
+    """torch's ModuleTracker without its backward hooks. Those hooks need every module
+    input that says `requires_grad` to have a grad function or accumulator; under
+    `no_grad` a model can hand a module such a tensor without either (CaiT's
+    `cls_token.expand(B, -1, -1)`), and torch raises. A forward-only count needs none."""
+
+    def _fw_pre_hook(self, mod, input) -> None:  # noqa: ANN001, A002
+        self._get_append_fn(self._get_mod_name(mod), False)()
+
+    def _fw_post_hook(self, mod, input, output) -> None:  # noqa: ANN001, A002
+        self._get_pop_fn(self._get_mod_name(mod), False)()
+
+
+# The private hooks replaced above, checked once: where a torch lacks them, the counter
+# keeps torch's own tracker.
+_TRACKER_REPLACEABLE = all(
+    hasattr(ModuleTracker, name)
+    for name in ("_fw_pre_hook", "_fw_post_hook", "_get_append_fn", "_get_pop_fn", "_get_mod_name")
+)
+
+
+def flop_counter_mode(
+    cls: type[FlopCounterMode] = FlopCounterMode, *, forward_only: bool = False
+) -> FlopCounterMode:
+    """`forward_only`: the count runs under `no_grad` and never sees a backward, so its
+    module tracker sets no backward hooks."""
+    counter = cls(display=False, custom_mapping=EXTRA_FORMULAS)
+    if (
+        forward_only
+        and _TRACKER_REPLACEABLE
+        and isinstance(getattr(counter, "mod_tracker", None), ModuleTracker)
+    ):
+        counter.mod_tracker = _ForwardModuleTracker()
+    return counter

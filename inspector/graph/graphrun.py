@@ -170,7 +170,7 @@ def record_graph(
     if training:
         counter = TrainingFlopCounter()
     elif count_flops:
-        counter = flop_counter_mode()
+        counter = flop_counter_mode(forward_only=True)
     recorder = _Recorder(gm, counter, list(user_files or []), strip, meta_for, watch)
     grad = torch.enable_grad() if training else torch.no_grad()
     with grad, counter if counter is not None else nullcontext():

@@ -97,7 +97,7 @@ def record_hooks(
     user_files: list[str] | None = None,
 ) -> list[NodeRecord]:
     """Run `call()` (which runs `model`) with hooks on every module; one record per call."""
-    counter = flop_counter_mode() if count_flops else None
+    counter = flop_counter_mode(forward_only=True) if count_flops else None
     rec = _HookRecorder(model, counter, list(user_files or []))
     handles = []
     for module in {id(m): m for m in model.modules()}.values():

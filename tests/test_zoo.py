@@ -28,6 +28,9 @@ SLOW = [
     "hf-t5",
     "timm-levit_128s",
     "timm-cait_xxs24",
+    # its mixer's inner Linears were blank, as CaiT's class attention's (the FLOP counter's
+    # backward hooks on a tensor made under no_grad)
+    "hf-mamba",
     "r3d_18",
     "convnext_tiny",  # torchvision's (C, 1, 1) layer scale: 18 blocks were "exploding"
     # a detector: --fake runs on a real copy (NMS needs values); with 2 images its 1x1-map

@@ -253,10 +253,10 @@ def test_a_graph_of_module_calls_is_bounded_by_what_its_run_allocated() -> None:
 
 
 def test_the_forward_only_flop_counter_still_counts_by_module() -> None:
-    from inspector.graph.flops import flop_counter_mode
+    from inspector.graph.flops import forward_flop_counter
 
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    counter = flop_counter_mode(forward_only=True)
+    counter = forward_flop_counter()
     with torch.no_grad(), counter:
         model(torch.randn(3, 4))
     by_module = {k: sum(v.values()) for k, v in counter.get_flop_counts().items()}

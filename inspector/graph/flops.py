@@ -13,7 +13,7 @@ from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 from torch.utils.module_tracker import ModuleTracker
 
-__all__ = ["flop_counter_mode", "EXTRA_FORMULAS"]
+__all__ = ["forward_flop_counter", "EXTRA_FORMULAS"]
 
 _aten = torch.ops.aten
 
@@ -68,16 +68,10 @@ _TRACKER_REPLACEABLE = all(
 )
 
 
-def flop_counter_mode(
-    cls: type[FlopCounterMode] = FlopCounterMode, *, forward_only: bool = False
-) -> FlopCounterMode:
-    """`forward_only`: the count runs under `no_grad` and never sees a backward, so its
-    module tracker sets no backward hooks."""
-    counter = cls(display=False, custom_mapping=EXTRA_FORMULAS)
-    if (
-        forward_only
-        and _TRACKER_REPLACEABLE
-        and isinstance(getattr(counter, "mod_tracker", None), ModuleTracker)
-    ):
+def forward_flop_counter() -> FlopCounterMode:
+    """torch's FlopCounterMode for a count under `no_grad`: it never sees a backward, so
+    its module tracker sets no backward hooks."""
+    counter = FlopCounterMode(display=False, custom_mapping=EXTRA_FORMULAS)
+    if _TRACKER_REPLACEABLE and isinstance(getattr(counter, "mod_tracker", None), ModuleTracker):
         counter.mod_tracker = _ForwardModuleTracker()
     return counter

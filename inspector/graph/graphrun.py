@@ -21,7 +21,7 @@ from inspector.graph.backflops import (
     fused_layout,
     is_attention,
 )
-from inspector.graph.flops import flop_counter_mode
+from inspector.graph.flops import forward_flop_counter
 from inspector.graph.metarun import on_meta_device
 from inspector.graph.records import NodeRecord, user_location_from_stack
 from inspector.graph.tensors import nbytes, tensor_info, tensor_leaves
@@ -170,7 +170,7 @@ def record_graph(
     if training:
         counter = TrainingFlopCounter()
     elif count_flops:
-        counter = flop_counter_mode(forward_only=True)
+        counter = forward_flop_counter()
     recorder = _Recorder(gm, counter, list(user_files or []), strip, meta_for, watch)
     grad = torch.enable_grad() if training else torch.no_grad()
     with grad, counter if counter is not None else nullcontext():

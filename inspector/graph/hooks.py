@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from inspector.graph.flops import flop_counter_mode
+from inspector.graph.flops import forward_flop_counter
 from inspector.graph.records import NodeRecord, user_location_from_stack
 from inspector.graph.tensors import nbytes, tensor_info, tensor_leaves
 
@@ -97,7 +97,7 @@ def record_hooks(
     user_files: list[str] | None = None,
 ) -> list[NodeRecord]:
     """Run `call()` (which runs `model`) with hooks on every module; one record per call."""
-    counter = flop_counter_mode(forward_only=True) if count_flops else None
+    counter = forward_flop_counter() if count_flops else None
     rec = _HookRecorder(model, counter, list(user_files or []))
     handles = []
     for module in {id(m): m for m in model.modules()}.values():

@@ -403,6 +403,9 @@ class Compile(_Model):
     op_count: int | None = None
     breaks: list[GraphBreak] = Field(default_factory=list)  # one per site and reason
     recompiles: list[Recompile] = Field(default_factory=list)  # one per named dim
+    # Dynamo's own warnings while tracing, torch's text without its stack: "Dynamo
+    # detected a call to a `functools.lru_cache`-wrapped function at 'x.py:245' ..."
+    notes: list[str] = Field(default_factory=list)
     seconds: float = 0.0
 
 

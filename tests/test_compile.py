@@ -3,6 +3,11 @@ breaks with the user's line, recompiles per named dim, fake mode, healthy models
 
 from __future__ import annotations
 
+import functools
+import warnings
+from pathlib import Path
+
+import pytest
 import torch
 from torch import nn
 
@@ -298,3 +303,44 @@ def test_dynamo_does_not_time_the_guards_it_makes(monkeypatch) -> None:
     torch.compile(Healthy(), backend="eager")(torch.randn(2, 4))
     torch._dynamo.reset()
     assert len(timed) == 1
+
+
+@functools.lru_cache
+def _cached_scale() -> float:
+    return 2.0
+
+
+class Cached(nn.Module):
+    """Calls a cached function and warns of its own in forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        warnings.warn("the model's own warning", UserWarning, stacklevel=1)
+        return self.a(x) * _cached_scale()  # CACHED-CALL
+
+
+def test_dynamos_warnings_are_the_sections_notes_and_the_models_own_stay_warnings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Dynamo warns (once per process) that it traces through an lru_cache wrapper: that
+    is about the model's compile, so the report says it, each time it is checked; the
+    model's own warning reaches the user once a check, as in a plain call (the sample's
+    and the changed dim's runs would show it twice)."""
+    for _ in range(2):  # the second check has the note too: Dynamo's reset forgets it warned
+        ctx = run(Cached())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            dynamo.run(ctx)
+        section = ctx.report.compile
+        assert section.graph_break_count == 1  # Dynamo breaks at `warnings.warn`
+        [note] = section.notes
+        where = f"{Path(__file__).name}:{_line('CACHED-CALL')}"
+        assert note.startswith("Dynamo detected a call to a `functools.lru_cache`-wrapped")
+        assert f"at '{where}'" in note and "This call originates from" not in note
+        assert [str(w.message) for w in caught] == ["the model's own warning"]
+    assert "lru_cache" not in capsys.readouterr().err
+    findings.run(ctx)
+    assert not [f for f in ctx.report.findings if "lru_cache" in f.message]  # a note only

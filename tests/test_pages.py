@@ -115,6 +115,7 @@ def test_report_page_shows_graph_breaks_with_their_code_lines(site):
         ],
         recompiles=[Recompile(dim="B", value=8, changed_to=4, recompiles=1,
                               guards=["forward in model.py:5: tensor 'x' size mismatch"])],
+        notes=["Dynamo detected a call to a `functools.lru_cache`-wrapped fn at 'm.py:9' <i>"],
     )  # fmt: skip
     html = site[0].get(f"/r/{add(site, report, name='breaks')}").text
     table = re.search(r'<table class="plain" id="compile-breaks">.*?</table>', html, re.S).group(0)
@@ -124,8 +125,12 @@ def test_report_page_shows_graph_breaks_with_their_code_lines(site):
     assert "1 graph break<" in html and "2 graphs" in html
     recompiles = re.search(r'id="compile-recompiles">.*?</table>', html, re.S).group(0)
     assert "8 → 4" in recompiles and "size mismatch" in recompiles
+    notes = re.search(r'id="compile-notes">.*?</ul>', html, re.S).group(0)
+    assert "Dynamo says: Dynamo detected a call to a `functools.lru_cache`" in notes
+    assert "at &#39;m.py:9&#39; &lt;i&gt;" in notes  # torch's text, escaped
     plain = site[0].get(f"/r/{add(site, small_report(), name='unchecked')}").text
     assert "torch.compile readiness was not checked." in plain and "compile-breaks" not in plain
+    assert "compile-notes" not in plain
 
 
 def test_model_name_with_script_renders_as_text(site):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,7 @@ import torch._dynamo.symbolic_convert as symbolic_convert
 from inspector.context import Inputs
 from inspector.torchfakerules import rules_in_torch_modes
 
-__all__ = ["Break", "GuardFailure", "Checked", "check", "quiet"]
+__all__ = ["Break", "GuardFailure", "Checked", "check", "quiet", "dynamo_warnings"]
 
 
 class _Stop(Exception):
@@ -59,6 +60,7 @@ class Checked:
     # per changed input: the frames compiled again, and the error of a run that raised
     recompiles: list[tuple[list[GuardFailure], str | None]] = field(default_factory=list)
     error: BaseException | None = None  # the sample's run stopped after its last break
+    notes: list[str] = field(default_factory=list)  # Dynamo's own warnings, first paragraphs
 
 
 @contextlib.contextmanager
@@ -121,6 +123,36 @@ class _Recorder:
             yield
 
 
+_DYNAMO_FILES = f"{torch._dynamo.__path__[0]}/"  # noqa: SLF001 - where its warnings come from
+_NOTE_CHARS = 600
+
+
+@contextlib.contextmanager
+def dynamo_warnings(notes: list[str]) -> Iterator[None]:
+    """Dynamo's own warnings while it traces ("Dynamo detected a call to a
+    `functools.lru_cache`-wrapped function at 'modeling_mamba.py:245' ... Silent
+    incorrectness is only a *potential* risk") are about the model's compile: each goes
+    into `notes` once (the first paragraph: the rest is its stack), not to stderr. Any
+    other warning (the model's own) is shown once, as it would have been."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        shown: set[tuple[str, type[Warning], str, int]] = set()
+        for item in caught:
+            if item.filename.startswith(_DYNAMO_FILES):
+                text = str(item.message).strip().split("\n\n", 1)[0].strip()[:_NOTE_CHARS]
+                if text and text not in notes:
+                    notes.append(text)
+                continue
+            key = (str(item.message), item.category, item.filename, item.lineno)
+            if key not in shown:
+                shown.add(key)
+                warnings.warn_explicit(item.message, item.category, item.filename, item.lineno)
+
+
 def _guards_not_timed() -> contextlib.AbstractContextManager[Any]:
     """Dynamo times each frame's new guards for its metrics log, flushing the CPU's caches
     first: 16 ms a frame, 0.6 s of a detector's 9 s check (39 frames). Nothing here reads
@@ -146,15 +178,17 @@ def check(
     # Dynamo's per-code state (dims it already made dynamic) behind.
     dynamo.reset()
     compiled = torch.compile(model, backend=rec.backend)
+    notes: list[str] = []
     try:
-        with quiet(), rec.patched(), rules_in_torch_modes():
+        with quiet(), dynamo_warnings(notes), rec.patched(), rules_in_torch_modes():
             try:
                 compiled(*base.args, **base.kwargs)
             except Exception as exc:  # noqa: BLE001 - e.g. `.item()` on a fake tensor after its break
                 if not rec.breaks:
                     raise
-                return Checked(None, None, list(rec.breaks), error=exc)
+                return Checked(None, None, list(rec.breaks), error=exc, notes=notes)
             done = Checked(len(rec.ops_per_graph), sum(rec.ops_per_graph), list(rec.breaks))
+            done.notes = notes  # the same list: the changed runs' warnings join it
             rec.stop_at_recompile = not count_all
             for inputs in changed:
                 rec.failures.clear()

@@ -140,6 +140,7 @@ def _fill(section: Compile, out: Checked, ctx: Context, moved: dict[str, int]) -
     section.graph_count, section.op_count = out.graph_count, out.op_count
     section.graph_break_count = len(out.breaks)
     section.breaks = graph_breaks(out.breaks, ctx.loaded.user_files)
+    section.notes = list(out.notes)
     if out.error is not None:  # fake tensors have no values to go on with
         section.error = f"stopped after the last break: {_first_line(out.error)}"
         return

@@ -450,6 +450,8 @@ def _compile(report: Report) -> Group | None:
         lines.append((f"  {item.where or 'break'}{times}", f"{item.reason}{code}"))
     if len(c.breaks) > BREAKS_SHOWN:
         lines.append(("", f"and {len(c.breaks) - BREAKS_SHOWN:,} more (see --json)"))
+    for note in c.notes:
+        lines.append(("Dynamo says", Text(note, style="dim")))
     for r in c.recompiles:
         what = r.error or (r.guards[0] if r.guards else "no guard failed")
         change = f"{r.dim} {r.value} → {r.changed_to}"

@@ -681,6 +681,35 @@ def test_batchnorm_stats_at_their_defaults_are_info() -> None:
     assert ratio > 10 and "update_bn" in stale.fix
 
 
+class BatchNormAct(nn.BatchNorm1d):
+    """timm's BatchNormAct2d in small: a BatchNorm subclass with a forward of its own, so
+    fx traces through it, and its train-mode forward counts the batch in place."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+        x = nn.functional.batch_norm(
+            x, self.running_mean, self.running_var, self.weight, self.bias, self.training,
+            self.momentum, self.eps,
+        )  # fmt: skip
+        return torch.relu(x)
+
+
+def test_a_fresh_batchnorm_fx_traces_through_keeps_its_defaults() -> None:
+    """fx's trace ran BatchNormAct's `num_batches_tracked.add_(1)` on the real buffer, so a
+    fresh model's stats no longer looked like defaults and its batch variance (about
+    1e4 here, a Linear(4, 8) scaled by 100) was judged against them: timm's MobileOne-S0
+    had 138 batchnorm-stats warnings. The trace leaves the buffers as they were."""
+    model = nn.Sequential(nn.Linear(4, 8), BatchNormAct(8))
+    with torch.no_grad():
+        model[0].weight.mul_(100)
+    trace_fx(model, (x4(),), {})
+    assert int(model[1].num_batches_tracked) == 0
+    [found] = hits(inspect(model, x4()), "batchnorm-stats")
+    assert (found.severity, found.where) == ("info", "1")
+    assert int(model[1].num_batches_tracked) == 0
+
+
 def test_attention_materialized_sums_the_probabilities() -> None:
     [found] = hits(inspect(Attention(), seq(4, 8)), "attention-materialized")
     # probabilities [4, 8, 8] float32: 4 * 8 * 8 * 4 = 1,024 bytes = 1.00 KiB

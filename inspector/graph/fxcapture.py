@@ -12,14 +12,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import fx, nn
 
 from inspector.graph.exportcapture import flat_tensors
 from inspector.graph.fxerrors import explain_plain
 
 __all__ = [
-    "FLAT_INPUTS", "FxCapture", "FxTracer", "fx_placeholder_values", "trace_fx",
-    "trace_with_leaves",
+    "FLAT_INPUTS", "FxCapture", "FxTracer", "buffers_kept", "constants_left_off",
+    "fx_placeholder_values", "trace_fx", "trace_with_leaves",
 ]  # fmt: skip
 
 _MAX_RETRIES = 16
@@ -81,7 +82,7 @@ def _concrete_args(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any
 def trace_fx(model: nn.Module, args: tuple, kwargs: dict) -> FxCapture:
     """Trace `model`; raises the first error when the root itself cannot be traced."""
     concrete = _concrete_args(model, args, kwargs)
-    with constants_left_off(model):
+    with constants_left_off(model), buffers_kept(model):
         try:
             graph, tracer, leaves, first = trace_with_leaves(FxTracer, model, concrete or None)
         except Exception as exc:
@@ -106,6 +107,36 @@ def constants_left_off(model: nn.Module) -> Iterator[None]:
         for name in set(vars(model)) - before:
             if name.startswith("_tensor_constant"):
                 delattr(model, name)
+
+
+@contextmanager
+def buffers_kept(model: nn.Module) -> Iterator[None]:
+    """fx's tracer hands a module's buffers to its code as the real tensors (parameters
+    become proxies, buffers do not), so what the code does to them in place happens: a
+    BatchNorm subclass fx traces through (timm's BatchNormAct2d) runs
+    `self.num_batches_tracked.add_(1)` in train mode, once a trace. Every buffer whose
+    version moved gets its value back: the passes after read the running stats as the
+    user built them (a fresh model's defaults, not stats "tracked" by our trace)."""
+    with torch.no_grad():
+        kept = [
+            (b, version, b.clone()) for b in model.buffers() if (version := _version(b)) is not None
+        ]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, version, value in kept:
+                if _version(buffer) != version:
+                    buffer.copy_(value)
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """The tensor's in-place version count; None for an inference tensor (it keeps none,
+    and nothing outside inference mode can change it)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
 
 
 def trace_with_leaves(

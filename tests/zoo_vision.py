@@ -195,6 +195,9 @@ _TIMM: list[tuple[str, int, dict[str, Any]]] = [
     ("poolformerv2_s12", 64, {}),  # pooling token mixer
     ("mixer_s16_224", 32, {"img_size": 32}),  # MLP-Mixer
     ("pit_ti_224", 64, {"img_size": 64}),  # pooling-based ViT
+    # reparameterisable branches summed (batch variance ~20x at init); timm's BatchNormAct2d,
+    # which fx traces through: its trace once counted a batch on the real running stats
+    ("mobileone_s0", 64, {}),
 ]
 
 

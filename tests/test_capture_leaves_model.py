@@ -17,7 +17,7 @@ from torch import nn
 
 from inspector.analyze import inspect_model
 from inspector.context import Options
-from inspector.graph.modelstate import attributes_kept
+from inspector.graph.modelstate import attributes_kept, buffers_kept
 from inspector.tracebacks import inspector_fault
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
@@ -56,6 +56,67 @@ def test_a_trace_that_stores_on_the_model_leaves_no_traced_value(tmp_path: Path)
     # one step's saved activations: x [2, 3, 8] for lin's weight grad, float32
     assert report.memory.saved_activation_bytes == report.memory.measured.saved_activation_bytes
     assert not report.meta.warnings
+
+
+STATEFUL = '''
+import torch
+from torch import nn
+
+
+class Stateful(nn.Module):
+    """Truncated BPTT: the hidden state kept between calls, detached."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.RNN(8, 16)
+        self.fc = nn.Linear(16, 2)
+        self.hidden = None
+
+    def forward(self, x):
+        out, h = self.rnn(x, self.hidden)
+        self.hidden = h.detach()
+        return self.fc(out[-1])
+
+
+def example_inputs():
+    return torch.randn(6, 3, 8)
+'''
+
+
+def test_a_stateful_rnn_is_traced_with_its_state_not_a_traced_value(tmp_path: Path):
+    """Once a forward has run (the load's input check), `self.hidden` is a tensor: fx
+    names it in a get_attr node, and its GraphModule copied the attribute from the model
+    after the trace had stored a Proxy there (`self.hidden = h.detach()`), so every run of
+    the graph failed ("symbolically traced variables cannot be used as inputs to control
+    flow") and the whole report with it."""
+    from inspector.graph.fxcapture import trace_fx
+
+    path = tmp_path / "stateful.py"
+    path.write_text(STATEFUL)
+    namespace: dict = {}
+    exec(compile(STATEFUL, str(path), "exec"), namespace)  # noqa: S102 - our own text
+    model, x = namespace["Stateful"](), torch.randn(6, 3, 8)
+    model(x)
+    hidden = model.hidden
+    gm = trace_fx(model, (x,), {}).graph_module
+    assert model.hidden is hidden and gm.hidden is hidden
+    assert gm(x).shape == (3, 2)
+    options = Options(passes={"graph", "memory", "gradients", "modes", "findings"}, export="none")
+    report = inspect_model(f"{path}:Stateful", None, options)
+    assert report.capture.method == "fx" and report.gradients.computed
+    # rnn, 6 steps of a batch of 3, 8 inputs to 16 hidden: 2 * 6 * 3 * (8 * 16 + 16 * 16)
+    # = 13,824; fc: 2 * 3 * 16 * 2 = 192
+    assert report.totals.flops_forward == 13_824 + 192
+    assert [f.where for f in report.findings if f.rule == "tensor-attribute"] == ["hidden"]
+    assert not report.meta.warnings
+
+
+def test_buffers_changed_in_place_get_their_values_back():
+    model = nn.BatchNorm1d(3)
+    with buffers_kept(model):
+        model.num_batches_tracked.add_(1)
+        model.running_mean.fill_(5.0)
+    assert int(model.num_batches_tracked) == 0 and model.running_mean.abs().sum() == 0
 
 
 def test_attributes_and_tables_are_put_back():

@@ -12,14 +12,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import fx, nn
 
 from inspector.graph.exportcapture import flat_tensors
 from inspector.graph.fxerrors import explain_plain
+from inspector.graph.modelstate import attributes_kept, buffers_kept
 
 __all__ = [
-    "FLAT_INPUTS", "FxCapture", "FxTracer", "buffers_kept", "constants_left_off",
+    "FLAT_INPUTS", "FxCapture", "FxTracer", "constants_left_off",
     "fx_placeholder_values", "trace_fx", "trace_with_leaves",
 ]  # fmt: skip
 
@@ -82,9 +82,12 @@ def _concrete_args(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any
 def trace_fx(model: nn.Module, args: tuple, kwargs: dict) -> FxCapture:
     """Trace `model`; raises the first error when the root itself cannot be traced."""
     concrete = _concrete_args(model, args, kwargs)
-    with constants_left_off(model), buffers_kept(model):
+    with constants_left_off(model):
         try:
-            graph, tracer, leaves, first = trace_with_leaves(FxTracer, model, concrete or None)
+            # the model as it was before the GraphModule copies what its get_attr nodes
+            # name: a forward's `self.hidden = h.detach()` left a Proxy there
+            with attributes_kept(model, new_kept=_CONSTANT), buffers_kept(model):
+                graph, tracer, leaves, first = trace_with_leaves(FxTracer, model, concrete or None)
         except Exception as exc:
             clearer = explain_plain(exc, model)
             if clearer is exc:
@@ -105,38 +108,11 @@ def constants_left_off(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         for name in set(vars(model)) - before:
-            if name.startswith("_tensor_constant"):
+            if name.startswith(_CONSTANT):
                 delattr(model, name)
 
 
-@contextmanager
-def buffers_kept(model: nn.Module) -> Iterator[None]:
-    """fx's tracer hands a module's buffers to its code as the real tensors (parameters
-    become proxies, buffers do not), so what the code does to them in place happens: a
-    BatchNorm subclass fx traces through (timm's BatchNormAct2d) runs
-    `self.num_batches_tracked.add_(1)` in train mode, once a trace. Every buffer whose
-    version moved gets its value back: the passes after read the running stats as the
-    user built them (a fresh model's defaults, not stats "tracked" by our trace)."""
-    with torch.no_grad():
-        kept = [
-            (b, version, b.clone()) for b in model.buffers() if (version := _version(b)) is not None
-        ]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for buffer, version, value in kept:
-                if _version(buffer) != version:
-                    buffer.copy_(value)
-
-
-def _version(tensor: torch.Tensor) -> int | None:
-    """The tensor's in-place version count; None for an inference tensor (it keeps none,
-    and nothing outside inference mode can change it)."""
-    try:
-        return tensor._version
-    except RuntimeError:
-        return None
+_CONSTANT = "_tensor_constant"
 
 
 def trace_with_leaves(

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from inspector.context import CaptureResult, Context, InputFactory, Inputs, LoadedModel, Options
-from inspector.graph.fxcapture import buffers_kept, constants_left_off
+from inspector.graph.fxcapture import constants_left_off
+from inspector.graph.modelstate import attributes_kept, buffers_kept
 from inspector.health.locate import is_user_file
 from inspector.health.state import preserved
 from inspector.report import CaptureAttempt, Module, Node, Report
@@ -73,8 +74,9 @@ def _fx(ctx: Context) -> CaptureResult | None:
     try:
         tracer = torch.fx.Tracer()
         tracer.record_stack_traces = True  # node locations in the user's code
-        with constants_left_off(ctx.model), buffers_kept(ctx.model):
-            graph = tracer.trace(ctx.model)
+        with constants_left_off(ctx.model):
+            with attributes_kept(ctx.model, new_kept="_tensor_constant"), buffers_kept(ctx.model):
+                graph = tracer.trace(ctx.model)
             gm = torch.fx.GraphModule(tracer.root, graph)
     except Exception as exc:  # noqa: BLE001 - any tracing failure means: use hooks
         ctx.report.capture.attempts = [CaptureAttempt(method="fx", ok=False, error=str(exc))]

@@ -247,6 +247,31 @@ def test_hardcoded_device_says_how() -> None:
         assert text in found.message and "device=x.device" in found.fix, how
 
 
+class PackedLengths(nn.Module):
+    """A padded batch through an LSTM by its lengths: torch's `pad_packed_sequence` puts
+    the lengths on the CPU (`.cpu()`) by contract, inside torch, not on a line of ours."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(4, 8, batch_first=True)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        packed = nn.utils.rnn.pack_padded_sequence(
+            x, lengths, batch_first=True, enforce_sorted=False
+        )
+        out, _ = nn.utils.rnn.pad_packed_sequence(self.lstm(packed)[0], batch_first=True)
+        return out.mean(1) + x.new_ones(1).cpu()  # OWN-CPU-LINE
+
+
+def test_hardcoded_device_is_the_users_line_not_torchs_own() -> None:
+    """Only the `.cpu()` the forward writes itself; `pad_packed_sequence`'s own was
+    reported at the line calling it."""
+    lengths = torch.tensor([5, 3, 2])
+    found = hits(inspect(PackedLengths(), torch.randn(3, 5, 4), lengths), "hardcoded-device")
+    assert [f.where for f in found] == [f"test_rules.py:{_line('OWN-CPU-LINE')}"]
+    assert "with .cpu()" in found[0].message
+
+
 class PrescaledQuery(Attention):
     """The scale on the query before the matmul (torchvision's Swin): `factor` 0.25 is
     1/sqrt(16); 1.0 scales nothing and 100 sharpens."""

@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import torch
@@ -18,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from inspector.health.locate import _SKIP, is_user_file
 
-__all__ = ["FixedDevice", "DeviceRecorder", "user_caller"]
+__all__ = ["FixedDevice", "DeviceRecorder", "direct_user_caller", "user_caller"]
 
 FACTORIES = frozenset({
     "zeros", "ones", "empty", "full", "arange", "linspace", "logspace", "eye", "tensor",
@@ -50,7 +51,7 @@ class DeviceRecorder(TorchFunctionMode):
         return out
 
     def _note(self, how: str, op: str) -> None:
-        caller = user_caller(self.user_files)
+        caller = direct_user_caller(self.user_files)
         if caller is not None:
             where, line = caller
             self.found.setdefault(where, FixedDevice(how, op, where, line))
@@ -74,10 +75,13 @@ def _fixed(name: str, args: Any, kwargs: dict, out: Any) -> str | None:
     return None
 
 
-def user_caller(user_files: Sequence[str]) -> tuple[str, str | None] | None:
+def user_caller(
+    user_files: Sequence[str], frame: FrameType | None = None
+) -> tuple[str, str | None] | None:
     """("file.py:LINE", its text) of the innermost frame outside torch, the inspector and
-    the standard library, when that frame is the user's (None: a library made the call)."""
-    frame = sys._getframe(1)
+    the standard library (from `frame`, else the caller's), when that frame is the user's
+    (None: a library made the call)."""
+    frame = frame or sys._getframe(1)
     while frame is not None:
         path = os.path.realpath(frame.f_code.co_filename)
         if not path.startswith(_SKIP) and not frame.f_code.co_filename.startswith("<"):
@@ -87,3 +91,21 @@ def user_caller(user_files: Sequence[str]) -> tuple[str, str | None] | None:
         return None
     where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
     return where, linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip() or None
+
+
+_TORCH = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
+_INSPECTOR = os.path.realpath(os.path.dirname(os.path.dirname(__file__))) + os.sep
+
+
+def direct_user_caller(user_files: Sequence[str]) -> tuple[str, str | None] | None:
+    """As `user_caller`, but only where the user's own line made the call: the ops
+    recorded here (`.cpu()`, `.to(...)`, factories) are C functions, called straight from
+    the code that wrote them. Where that code is torch's own (`pad_packed_sequence` puts
+    its lengths on the CPU by contract; a torch module's internals), it is torch's
+    business, not a line of the user's to change."""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.realpath(frame.f_code.co_filename).startswith(_INSPECTOR):
+        frame = frame.f_back  # the recording mode's own frames
+    if frame is None or os.path.realpath(frame.f_code.co_filename).startswith(_TORCH):
+        return None
+    return user_caller(user_files, frame)

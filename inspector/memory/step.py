@@ -127,12 +127,30 @@ def _autocast(opts: StepOptions):  # noqa: ANN202
     return torch.autocast(device_type=opts.device, dtype=opts.autocast)
 
 
+def _linear_biases(model: nn.Module) -> list[torch.Tensor]:
+    """The biases F.linear adds (see LiveTracker._adds_bias): nn.Linear's, and the input
+    projections' of nn.RNN, nn.GRU and nn.LSTM where they run as a linear (not oneDNN's
+    fused kernel)."""
+    found = []
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            found.append(module.bias)
+        elif isinstance(module, nn.RNNBase) and module.bias:
+            found += [
+                p
+                for name, p in module.named_parameters(recurse=False)
+                if name.startswith("bias_ih")
+            ]
+    return found
+
+
 def _register_static(tracker: LiveTracker, model: nn.Module, inputs: Inputs) -> dict[str, int]:
     params = unique_tensors(model.parameters())
     buffers = unique_tensors(model.buffers())
     for t in params + buffers:
         tracker.add(t, "static", "(parameters)")
     tracker.add_all(inputs.tensors(), "input", INPUT_LABEL)
+    tracker.linear_biases = {storage_key(bias) for bias in _linear_biases(model)}
     return {
         "param": sum(t.untyped_storage().nbytes() for t in params),
         "buffer": sum(t.untyped_storage().nbytes() for t in buffers),

@@ -25,8 +25,9 @@ def test_dynamo_finds_torch_nn_function_names_already_read() -> None:
     lines, first = inspect.getsourcelines(nn.Conv2d.forward)
     # the name Dynamo's own reading gives (it keeps the names of the blocks before)
     assert funcname_cache.get_funcname(conv, first + len(lines) - 1).endswith("Conv2d.forward")
-    # pure Python: the zygote may still fork after it
-    assert (len(os.listdir("/proc/self/task")), threading.active_count()) == (tasks, threads)
+    # pure Python: the zygote may still fork after it. No thread more; one fewer is an
+    # earlier test's, ending meanwhile (CI once counted 10 tasks after 11)
+    assert len(os.listdir("/proc/self/task")) <= tasks and threading.active_count() <= threads
 
 
 def test_a_compile_check_after_it_reads_only_the_users_file(tmp_path) -> None:

@@ -20,7 +20,7 @@ from inspector.graph.modelstate import attributes_kept, buffers_kept
 
 __all__ = [
     "FLAT_INPUTS", "FxCapture", "FxTracer", "constants_left_off",
-    "fx_placeholder_values", "trace_fx", "trace_with_leaves",
+    "fx_placeholder_values", "trace_fx", "trace_undone", "trace_with_leaves",
 ]  # fmt: skip
 
 _MAX_RETRIES = 16
@@ -84,9 +84,7 @@ def trace_fx(model: nn.Module, args: tuple, kwargs: dict) -> FxCapture:
     concrete = _concrete_args(model, args, kwargs)
     with constants_left_off(model):
         try:
-            # the model as it was before the GraphModule copies what its get_attr nodes
-            # name: a forward's `self.hidden = h.detach()` left a Proxy there
-            with attributes_kept(model, new_kept=_CONSTANT), buffers_kept(model):
+            with trace_undone(model):
                 graph, tracer, leaves, first = trace_with_leaves(FxTracer, model, concrete or None)
         except Exception as exc:
             clearer = explain_plain(exc, model)
@@ -113,6 +111,16 @@ def constants_left_off(model: nn.Module) -> Iterator[None]:
 
 
 _CONSTANT = "_tensor_constant"
+
+
+@contextmanager
+def trace_undone(model: nn.Module) -> Iterator[None]:
+    """Around a trace, before its GraphModule copies what its get_attr nodes name: the
+    model's attributes (a forward's `self.hidden = h.detach()` left a Proxy there) and
+    buffer values put back; fx's constants stay for the GraphModule (`constants_left_off`
+    drops them after)."""
+    with attributes_kept(model, new_kept=_CONSTANT), buffers_kept(model):
+        yield
 
 
 def trace_with_leaves(

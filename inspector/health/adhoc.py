@@ -13,8 +13,7 @@ import torch
 from torch import nn
 
 from inspector.context import CaptureResult, Context, InputFactory, Inputs, LoadedModel, Options
-from inspector.graph.fxcapture import constants_left_off
-from inspector.graph.modelstate import attributes_kept, buffers_kept
+from inspector.graph.fxcapture import constants_left_off, trace_undone
 from inspector.health.locate import is_user_file
 from inspector.health.state import preserved
 from inspector.report import CaptureAttempt, Module, Node, Report
@@ -75,7 +74,7 @@ def _fx(ctx: Context) -> CaptureResult | None:
         tracer = torch.fx.Tracer()
         tracer.record_stack_traces = True  # node locations in the user's code
         with constants_left_off(ctx.model):
-            with attributes_kept(ctx.model, new_kept="_tensor_constant"), buffers_kept(ctx.model):
+            with trace_undone(ctx.model):
                 graph = tracer.trace(ctx.model)
             gm = torch.fx.GraphModule(tracer.root, graph)
     except Exception as exc:  # noqa: BLE001 - any tracing failure means: use hooks
